@@ -1,0 +1,260 @@
+"""`decodebench`: build and analyse variants locally, or submit and follow sweeps on a server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from decodebench.domain import Attention, Quant, VariantSpec
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 2."""
+
+
+def _progress_printer(quiet: bool):
+    def progress(stage: str, fraction: float) -> None:
+        if not quiet:
+            print(f"  [{fraction * 100:5.1f}%] {stage}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from decodebench.presets import PRESETS
+
+    if args.preset not in PRESETS:
+        raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    try:
+        variant = VariantSpec(
+            attention=args.attention, context=args.context, layers=args.layers, quant=args.quant
+        )
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise CliError(f"--{first['loc'][0]}: {first['msg']}") from None
+    from decodebench.build import build_variant
+
+    out_dir = Path(args.out)
+    report = build_variant(args.preset, variant, out_dir, progress=_progress_printer(args.quiet))
+    analysis = report.analysis
+    print(
+        f"built {out_dir / 'model.mlpackage'}: {analysis.ops_total} ops, "
+        f"{analysis.tile_ops} tile ops ({analysis.tile_output_bytes / 2**20:.1f} MiB), "
+        f"{analysis.bytes_per_token.total:,} bytes moved per token"
+    )
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from decodebench.analysis import AnalysisError, analyze_mlpackage
+
+    try:
+        analysis = analyze_mlpackage(Path(args.path))
+    except AnalysisError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        payload = analysis.model_dump(mode="json")
+        print(json.dumps(payload, indent=2, sort_keys=True))
+        return 0
+    print(f"{args.path}")
+    print(f"  ops total          {analysis.ops_total}")
+    print(
+        f"  tile ops           {analysis.tile_ops} ({analysis.tile_output_bytes / 2**20:.1f} MiB)"
+    )
+    print(f"  state-write ops    {analysis.state_write_ops}")
+    print(f"  weight bytes       {analysis.weight_bytes:,}")
+    print(f"  bytes per token    {analysis.bytes_per_token.total:,}")
+    for op_type, count in sorted(analysis.op_counts.items(), key=lambda item: (-item[1], item[0])):
+        print(f"    {op_type:28s} {count}")
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from decodebench.client import DecodebenchClient
+
+    token = args.token or os.environ.get("DECODEBENCH_TOKEN")
+    if not token:
+        raise CliError("no API token: pass --token or set DECODEBENCH_TOKEN")
+    return DecodebenchClient(args.server, token)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from decodebench.client import ApiError
+
+    if args.spec:
+        try:
+            spec = json.loads(Path(args.spec).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CliError(f"cannot read sweep spec {args.spec}: {error}") from None
+    else:
+        spec = {
+            "model": args.model,
+            "variants": [{"attention": attention} for attention in args.attention],
+            "devices": args.device,
+            "prompts": args.prompts,
+            "decode_tokens": args.decode_tokens,
+        }
+    with _client(args) as client:
+        try:
+            sweep = client.submit_sweep(spec)
+        except ApiError as error:
+            raise CliError(f"sweep rejected: {describe_api_error(error)}") from None
+        print(f"submitted sweep {sweep['id']}: {client.base_url}/sweeps/{sweep['id']}")
+        if args.wait:
+            sweep = wait_for_sweep(client, sweep["id"], args.timeout)
+            print(format_comparison(sweep))
+            return 0 if sweep["state"] == "completed" else 1
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from decodebench.client import ApiError
+
+    with _client(args) as client:
+        try:
+            sweep = client.get_sweep(args.sweep_id)
+        except ApiError as error:
+            raise CliError(describe_api_error(error)) from None
+    if args.json:
+        print(json.dumps(sweep, indent=2))
+    else:
+        print(format_comparison(sweep))
+    return 0
+
+
+def describe_api_error(error: Any) -> str:
+    detail = error.detail
+    if isinstance(detail, list):  # FastAPI validation errors: name each field
+        parts = []
+        for item in detail:
+            location = ".".join(str(part) for part in item.get("loc", []) if part != "body")
+            parts.append(f"{location}: {item.get('msg')}")
+        return "; ".join(parts)
+    return f"HTTP {error.status_code}: {detail}"
+
+
+def wait_for_sweep(client: Any, sweep_id: int, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last_line = ""
+    while True:
+        sweep = client.get_sweep(sweep_id)
+        line = progress_line(sweep)
+        if line != last_line:
+            print(line, file=sys.stderr, flush=True)
+            last_line = line
+        if sweep["state"] in ("completed", "failed"):
+            return sweep
+        if time.monotonic() > deadline:
+            raise CliError(f"sweep {sweep_id} still {sweep['state']} after {timeout_s:.0f}s")
+        time.sleep(1.0)
+
+
+def progress_line(sweep: dict[str, Any]) -> str:
+    builds = ", ".join(
+        f"{build['variant']}: {build['state']}"
+        + (
+            f" {build['stage']} {build['progress'] * 100:.0f}%"
+            if build["state"] == "building"
+            else ""
+        )
+        for build in sweep["builds"]
+    )
+    runs = sweep["runs"]
+    done = sum(run["state"] in ("succeeded", "failed") for run in runs)
+    return f"sweep {sweep['id']} {sweep['state']}: builds [{builds}]; runs {done}/{len(runs)} done"
+
+
+def format_comparison(sweep: dict[str, Any]) -> str:
+    header = (
+        f"{'device':16s} {'variant':28s} {'decode tok/s':>18s} {'speed-up':>9s} "
+        f"{'predicted':>10s} {'tiles':>6s} {'tile MiB':>9s}  source"
+    )
+    lines = [
+        f"sweep {sweep['id']} · {sweep['model']} · {sweep['state']}",
+        header,
+        "-" * len(header),
+    ]
+    for row in sweep["results"]:
+        mean = row["decode_tok_s_mean"]
+        rate = f"{mean:.1f} ± {row['decode_tok_s_ci95']:.1f}" if mean is not None else "—"
+        speedup = f"{row['speedup_vs_first']:.2f}x" if row["speedup_vs_first"] else "—"
+        predicted = f"{row['predicted_tok_s']:.1f}" if row["predicted_tok_s"] else "—"
+        tiles = "—" if row["tile_ops"] is None else str(row["tile_ops"])
+        tile_mib = "—" if row["tile_mib"] is None else f"{row['tile_mib']:.1f}"
+        source = {True: "SIMULATED", False: "measured", None: "—"}[row["simulated"]]
+        lines.append(
+            f"{row['device_class']:16s} {row['variant']:28s} {rate:>18s} {speedup:>9s} "
+            f"{predicted:>10s} {tiles:>6s} {tile_mib:>9s}  {source}"
+        )
+    if sweep.get("simulated"):
+        lines.append(
+            "SIMULATED rows: timings from the device profile's roofline model, not an iPhone."
+        )
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="decodebench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="convert one variant to an .mlpackage and analyse it")
+    build.add_argument("--preset", required=True)
+    build.add_argument("--attention", choices=[a.value for a in Attention], default="folded")
+    build.add_argument("--context", type=int, default=512)
+    build.add_argument("--layers", type=int, default=None)
+    build.add_argument("--quant", choices=[q.value for q in Quant], default="fp16")
+    build.add_argument("--out", required=True, help="output folder (model.mlpackage, build.json)")
+    build.add_argument("--quiet", action="store_true")
+    build.set_defaults(handler=cmd_build)
+
+    analyze = commands.add_parser("analyze", help="analyse the graph of a saved .mlpackage")
+    analyze.add_argument("path")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    analyze.set_defaults(handler=cmd_analyze)
+
+    for name, handler, help_text in (
+        ("submit", cmd_submit, "submit a sweep to a server"),
+        ("status", cmd_status, "show a sweep's comparison table"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument(
+            "--server", default=os.environ.get("DECODEBENCH_SERVER_URL", "http://127.0.0.1:8000")
+        )
+        sub.add_argument("--token", default=None, help="user API token (or DECODEBENCH_TOKEN)")
+        sub.set_defaults(handler=handler)
+        if name == "submit":
+            sub.add_argument("--spec", help="a sweep spec JSON file (overrides the flags below)")
+            sub.add_argument("--model", default="tiny-gqa")
+            sub.add_argument("--attention", action="append", default=None)
+            sub.add_argument("--device", action="append", default=None)
+            sub.add_argument("--prompts", type=int, default=30)
+            sub.add_argument("--decode-tokens", type=int, default=32)
+            sub.add_argument("--wait", action="store_true", help="follow progress, print the table")
+            sub.add_argument("--timeout", type=float, default=3600)
+        else:
+            sub.add_argument("sweep_id", type=int)
+            sub.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "submit" and not getattr(args, "spec", None):
+        args.attention = args.attention or ["repeat_kv", "folded"]
+        args.device = args.device or ["iphone-16-pro", "iphone-17-pro"]
+    try:
+        return args.handler(args)
+    except CliError as error:
+        print(f"decodebench: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

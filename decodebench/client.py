@@ -1,0 +1,164 @@
+"""REST client for the decodebench server, used by the CLI, CI jobs, agents and build workers."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from decodebench.protocol import (
+    AgentRegistered,
+    AgentRegistration,
+    BuildAssignment,
+    BuildOutcome,
+    BuildStart,
+    ClaimResponse,
+    DeviceInfo,
+    LeaseRenewal,
+    RunResult,
+)
+
+API = "/api/v1"
+
+
+class ApiError(Exception):
+    """The server answered with an error status; `detail` is its message."""
+
+    def __init__(self, status_code: int, detail: Any) -> None:
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"HTTP {status_code}: {detail}")
+
+
+class DecodebenchClient:
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> DecodebenchClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, API + path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, detail)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    # Users and CI
+
+    def submit_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/sweeps", json=spec)
+
+    def get_sweep(self, sweep_id: int) -> dict[str, Any]:
+        return self._request("GET", f"/sweeps/{sweep_id}")
+
+    def list_sweeps(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/sweeps")
+
+    def get_build(self, build_id: int) -> dict[str, Any]:
+        return self._request("GET", f"/builds/{build_id}")
+
+    # Agents
+
+    def register_agent(self, registration: AgentRegistration) -> AgentRegistered:
+        data = self._request("POST", "/agents/register", json=registration.model_dump(mode="json"))
+        return AgentRegistered.model_validate(data)
+
+    def heartbeat(self, devices: list[DeviceInfo]) -> None:
+        payload = {"devices": [device.model_dump(mode="json") for device in devices]}
+        self._request("POST", "/agents/heartbeat", json=payload)
+
+    def claim_run(self, device_udid: str) -> ClaimResponse:
+        data = self._request("POST", "/agents/claim", json={"device_udid": device_udid})
+        return ClaimResponse.model_validate(data)
+
+    def renew_lease(self, run_id: int) -> LeaseRenewal:
+        return LeaseRenewal.model_validate(self._request("POST", f"/runs/{run_id}/lease"))
+
+    def upload_results(self, run_id: int, result: RunResult) -> dict[str, Any]:
+        return self._request("POST", f"/runs/{run_id}/results", json=result.model_dump(mode="json"))
+
+    def fail_run(self, run_id: int, reason: str, retryable: bool = True) -> None:
+        self._request(
+            "POST", f"/runs/{run_id}/fail", json={"reason": reason, "retryable": retryable}
+        )
+
+    def download_artifact(self, sha256: str, destination: Path) -> Path:
+        """Stream an artifact to `destination`, checking it against its content address."""
+        digest = hashlib.sha256()
+        partial = destination.with_name(destination.name + ".partial")
+        with self._http.stream("GET", f"{API}/artifacts/{sha256}") as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError(response.status_code, response.text)
+            with partial.open("wb") as out:
+                for chunk in response.iter_bytes():
+                    digest.update(chunk)
+                    out.write(chunk)
+        if digest.hexdigest() != sha256:
+            partial.unlink(missing_ok=True)
+            raise ApiError(502, f"artifact {sha256} arrived with digest {digest.hexdigest()}")
+        partial.replace(destination)
+        return destination
+
+    # Build workers
+
+    def get_build_assignment(self, build_id: int) -> BuildAssignment:
+        return BuildAssignment.model_validate(
+            self._request("GET", f"/builds/{build_id}/assignment")
+        )
+
+    def start_build(self, build_id: int, worker: str) -> BuildStart:
+        data = self._request("POST", f"/builds/{build_id}/start", json={"worker": worker})
+        return BuildStart.model_validate(data)
+
+    def report_build_progress(self, build_id: int, stage: str, fraction: float) -> None:
+        self._request(
+            "POST", f"/builds/{build_id}/progress", json={"stage": stage, "fraction": fraction}
+        )
+
+    def upload_artifact(self, path: Path) -> str:
+        sha256 = file_sha256(path)
+        with path.open("rb") as body:
+            self._request(
+                "PUT",
+                f"/artifacts/{sha256}",
+                content=body,
+                headers={"Content-Type": "application/octet-stream"},
+            )
+        return sha256
+
+    def complete_build(self, build_id: int, outcome: BuildOutcome) -> None:
+        self._request("POST", f"/builds/{build_id}/complete", json=outcome.model_dump(mode="json"))
+
+    def fail_build(self, build_id: int, reason: str) -> None:
+        self._request("POST", f"/builds/{build_id}/fail", json={"reason": reason})
+
+    def reconcile_builds(self) -> list[int]:
+        return list(self._request("POST", "/builds/reconcile")["reenqueued"])
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

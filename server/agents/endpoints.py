@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from decodebench.protocol import (
+    AgentRegistered,
+    AgentRegistration,
+    ClaimRequest,
+    ClaimResponse,
+    Heartbeat,
+    LeaseRenewal,
+    RunFailure,
+    RunResult,
+)
+from server.agents import service
+from server.auth import AgentToken, SessionDep
+from server.config import get_settings
+from server.runs import service as runs
+from server.runs.assignment import assignment_for
+
+router = APIRouter(prefix="/api/v1", tags=["agents"])
+
+
+@router.post("/agents/register", response_model=AgentRegistered)
+def register(body: AgentRegistration, token: AgentToken, session: SessionDep) -> AgentRegistered:
+    agent = service.register_agent(session, token, body)
+    settings = get_settings()
+    return AgentRegistered(
+        agent_id=agent.id,
+        heartbeat_interval_s=settings.heartbeat_interval_s,
+        lease_seconds=settings.lease_seconds,
+    )
+
+
+@router.post("/agents/heartbeat", status_code=204)
+def heartbeat(body: Heartbeat, token: AgentToken, session: SessionDep) -> None:
+    service.heartbeat(session, service.agent_for_token(session, token), body.devices)
+
+
+@router.post("/agents/claim", response_model=ClaimResponse)
+def claim(body: ClaimRequest, token: AgentToken, session: SessionDep) -> ClaimResponse:
+    agent = service.agent_for_token(session, token)
+    settings = get_settings()
+    runs.expire_leases(session, settings.max_run_attempts)
+    run = runs.claim_run(session, agent.id, body.device_udid, settings.lease_seconds)
+    if run is None:
+        return ClaimResponse(run=None)
+    return ClaimResponse(run=assignment_for(session, run, settings))
+
+
+@router.post("/runs/{run_id}/lease", response_model=LeaseRenewal)
+def renew(run_id: int, token: AgentToken, session: SessionDep) -> LeaseRenewal:
+    agent = service.agent_for_token(session, token)
+    run = runs.renew_lease(session, run_id, agent.id, get_settings().lease_seconds)
+    assert run.lease_expires_at is not None
+    return LeaseRenewal(lease_expires_at=run.lease_expires_at.isoformat())
+
+
+@router.post("/runs/{run_id}/results")
+def upload_results(
+    run_id: int, body: RunResult, token: AgentToken, session: SessionDep
+) -> dict[str, object]:
+    agent = service.agent_for_token(session, token)
+    run = runs.record_results(session, run_id, agent.id, body)
+    return {"run_id": run.id, "state": run.state, "prompts_stored": run.summary["prompts"]}
+
+
+@router.post("/runs/{run_id}/fail")
+def fail(run_id: int, body: RunFailure, token: AgentToken, session: SessionDep) -> dict[str, str]:
+    agent = service.agent_for_token(session, token)
+    max_attempts = get_settings().max_run_attempts
+    run = runs.fail_run(session, run_id, agent.id, body.reason, body.retryable, max_attempts)
+    return {"state": run.state}

@@ -1,0 +1,87 @@
+"""Agents and the devices they report."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from decodebench.profiles import DEVICE_PROFILES
+from decodebench.protocol import AgentRegistration, DeviceInfo
+from server.errors import Conflict, InvalidInput, NotAuthenticated
+from server.models import Agent, ApiToken, Device
+
+
+def register_agent(session: Session, token: ApiToken, registration: AgentRegistration) -> Agent:
+    agent = session.scalar(select(Agent).where(Agent.token_id == token.id).with_for_update())
+    now = datetime.now(UTC)
+    if agent is None:
+        agent = Agent(token_id=token.id, name=registration.name)
+        session.add(agent)
+    agent.name = registration.name
+    agent.hostname = registration.hostname
+    agent.version = registration.version
+    agent.last_seen_at = now
+    session.flush()
+    sync_devices(session, agent, registration.devices)
+    return agent
+
+
+def agent_for_token(session: Session, token: ApiToken) -> Agent:
+    agent = session.scalar(select(Agent).where(Agent.token_id == token.id))
+    if agent is None:
+        raise NotAuthenticated("this agent token has not registered; POST /api/v1/agents/register")
+    return agent
+
+
+def heartbeat(session: Session, agent: Agent, devices: list[DeviceInfo]) -> None:
+    agent.last_seen_at = datetime.now(UTC)
+    sync_devices(session, agent, devices)
+
+
+def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> None:
+    """The reported inventory is the truth: new devices appear, missing ones are disconnected."""
+    udids = [device.udid for device in devices]
+    if len(set(udids)) != len(udids):
+        raise InvalidInput("devices: each udid may appear once")
+    for info in devices:
+        if info.device_class not in DEVICE_PROFILES:
+            known = ", ".join(sorted(DEVICE_PROFILES))
+            raise InvalidInput(
+                f"devices: unknown device class {info.device_class!r}; known: {known}"
+            )
+    now = datetime.now(UTC)
+    existing = {
+        device.udid: device
+        for device in session.scalars(
+            select(Device).where(Device.udid.in_(udids) | (Device.agent_id == agent.id))
+        )
+    }
+    for info in devices:
+        device = existing.get(info.udid)
+        if device is None:
+            device = Device(udid=info.udid, agent_id=agent.id)
+            session.add(device)
+        elif device.agent_id != agent.id and device.connected:
+            raise Conflict(f"device {info.udid} is connected to another agent")
+        device.agent_id = agent.id
+        device.device_class = info.device_class
+        device.product_type = info.product_type
+        device.os_version = info.os_version
+        device.driver = info.driver
+        device.simulated = info.simulated
+        device.battery_level = info.battery_level
+        device.charging = info.charging
+        device.thermal_state = info.thermal_state.value
+        device.status = info.status
+        device.connected = True
+        device.last_seen_at = now
+    for udid, device in existing.items():
+        if udid not in udids and device.agent_id == agent.id:
+            device.connected = False
+            device.status = "disconnected"
+
+
+def list_devices(session: Session) -> list[Device]:
+    return list(session.scalars(select(Device).order_by(Device.device_class, Device.udid)))

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse
+
+from server.artifacts.store import ArtifactStore
+from server.auth import AnyToken, WorkerToken
+from server.config import get_settings
+
+router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"])
+
+
+def get_store() -> ArtifactStore:
+    return ArtifactStore(get_settings().artifact_dir)
+
+
+StoreDep = Annotated[ArtifactStore, Depends(get_store)]
+
+
+@router.get("/{sha256}", response_class=FileResponse)
+def download_artifact(sha256: str, token: AnyToken, store: StoreDep) -> FileResponse:
+    return FileResponse(store.open_path(sha256), media_type="application/zip")
+
+
+@router.put("/{sha256}", status_code=201)
+async def upload_artifact(
+    sha256: str, request: Request, token: WorkerToken, store: StoreDep
+) -> dict[str, str]:
+    if not store.exists(sha256):
+        await store.put_stream(sha256, request.stream())
+    return {"sha256": sha256}

@@ -1,0 +1,88 @@
+"""API tokens: one kind per role; only a hash is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db import session_scope
+from server.errors import Forbidden, NotAuthenticated
+from server.models import ApiToken, TokenKind
+
+UI_COOKIE = "decodebench_token"
+
+# "function" scope: the commit happens before the response leaves, so a 201 is durable.
+SessionDep = Annotated[Session, Depends(session_scope, scope="function")]
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, kind: TokenKind, name: str, token: str | None = None) -> str:
+    """Store a new token and return its only plain-text copy."""
+    plain = token or f"dbk_{kind.value}_{secrets.token_urlsafe(24)}"
+    if len(plain) < 16:
+        raise ValueError("a token must be at least 16 characters")
+    existing = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(plain)))
+    if existing is None:
+        session.add(ApiToken(kind=kind.value, name=name, token_sha256=hash_token(plain)))
+        session.flush()
+    elif existing.kind != kind.value:
+        raise ValueError(f"that token already exists as a {existing.kind} token")
+    return plain
+
+
+def lookup_token(session: Session, plain: str) -> ApiToken | None:
+    return session.scalar(
+        select(ApiToken).where(
+            ApiToken.token_sha256 == hash_token(plain), ApiToken.revoked_at.is_(None)
+        )
+    )
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return None
+
+
+def _require(kind: TokenKind):
+    def dependency(request: Request, session: SessionDep) -> ApiToken:
+        plain = _bearer(request)
+        if plain is None:
+            raise NotAuthenticated("missing bearer token (Authorization: Bearer <token>)")
+        token = lookup_token(session, plain)
+        if token is None:
+            raise NotAuthenticated("unknown or revoked token")
+        if token.kind != kind.value:
+            raise Forbidden(f"this endpoint needs a {kind.value} token, not a {token.kind} token")
+        return token
+
+    return dependency
+
+
+UserToken = Annotated[ApiToken, Depends(_require(TokenKind.user))]
+AgentToken = Annotated[ApiToken, Depends(_require(TokenKind.agent))]
+WorkerToken = Annotated[ApiToken, Depends(_require(TokenKind.worker))]
+
+
+def artifact_reader(request: Request, session: SessionDep) -> ApiToken:
+    """Artifacts are read by agents and workers, and by users who want to inspect a build."""
+    plain = _bearer(request)
+    if plain is None:
+        raise NotAuthenticated("missing bearer token (Authorization: Bearer <token>)")
+    token = lookup_token(session, plain)
+    if token is None:
+        raise NotAuthenticated("unknown or revoked token")
+    return token
+
+
+AnyToken = Annotated[ApiToken, Depends(artifact_reader)]

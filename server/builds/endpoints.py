@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from decodebench.domain import VariantSpec
+from decodebench.protocol import (
+    BuildAssignment,
+    BuildFailure,
+    BuildOutcome,
+    BuildProgress,
+    BuildStart,
+)
+from server.artifacts.endpoints import get_store
+from server.auth import SessionDep, UserToken, WorkerToken
+from server.builds import service
+from server.builds.views import build_view
+from server.errors import InvalidInput
+from server.tasks import enqueue_build
+
+router = APIRouter(prefix="/api/v1/builds", tags=["builds"])
+
+
+class WorkerIdentity(BaseModel):
+    worker: str = Field(min_length=1, max_length=255)
+
+
+@router.get("/{build_id}")
+def get_build(build_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
+    return build_view(service.get_build(session, build_id), detail=True)
+
+
+@router.get("/{build_id}/assignment", response_model=BuildAssignment)
+def assignment(build_id: int, token: WorkerToken, session: SessionDep) -> BuildAssignment:
+    build = service.get_build(session, build_id)
+    return BuildAssignment(
+        build_id=build.id,
+        key=build.key,
+        model=build.model,
+        variant=VariantSpec.model_validate(build.variant),
+        state=build.state,
+        toolchain=build.toolchain,
+    )
+
+
+@router.post("/{build_id}/start", response_model=BuildStart)
+def start(
+    build_id: int, body: WorkerIdentity, token: WorkerToken, session: SessionDep
+) -> BuildStart:
+    proceed, build = service.start_build(session, build_id, body.worker)
+    return BuildStart(proceed=proceed, state=build.state)
+
+
+@router.post("/{build_id}/progress", status_code=204)
+def progress(build_id: int, body: BuildProgress, token: WorkerToken, session: SessionDep) -> None:
+    service.record_progress(session, build_id, body.stage, body.fraction)
+
+
+@router.post("/{build_id}/complete")
+def complete(
+    build_id: int, body: BuildOutcome, token: WorkerToken, session: SessionDep
+) -> dict[str, str]:
+    if not get_store().exists(body.artifact_sha256):
+        raise InvalidInput(f"artifact {body.artifact_sha256} has not been uploaded")
+    return {"state": service.complete_build(session, build_id, body).state}
+
+
+@router.post("/{build_id}/fail")
+def fail(
+    build_id: int, body: BuildFailure, token: WorkerToken, session: SessionDep
+) -> dict[str, str]:
+    return {"state": service.fail_build(session, build_id, body.reason).state}
+
+
+@router.post("/reconcile")
+def reconcile(token: WorkerToken, session: SessionDep) -> dict[str, list[int]]:
+    """Re-send builds the database says are pending but no worker has reported on lately."""
+    build_ids = service.builds_to_reenqueue(session, older_than_seconds=120)
+    for build_id in build_ids:
+        enqueue_build(session, build_id)
+    return {"reenqueued": build_ids}

@@ -1,0 +1,49 @@
+"""One settings object for the server role, read from DECODEBENCH_* environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from decodebench import __version__
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/decodebench"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DECODEBENCH_", extra="ignore")
+
+    environment: str = "development"
+    database_url: str = DEFAULT_DATABASE_URL
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    artifact_dir: Path = Path("var/artifacts")
+    public_url: str = "http://127.0.0.1:8000"
+    lease_seconds: int = 120
+    heartbeat_interval_s: float = 5.0
+    max_run_attempts: int = 3
+    max_build_attempts: int = 2
+    # Builds are keyed by the toolchain that makes them; workers refuse to build for another one.
+    toolchain_coremltools: str = "9.0"
+    toolchain_torch: str = "2.13.0"
+
+    @model_validator(mode="after")
+    def _production_needs_real_services(self) -> Settings:
+        if self.environment == "production" and self.database_url == DEFAULT_DATABASE_URL:
+            raise ValueError("DECODEBENCH_DATABASE_URL must be set explicitly in production")
+        return self
+
+    @property
+    def toolchain(self) -> dict[str, str]:
+        return {
+            "decodebench": __version__,
+            "coremltools": self.toolchain_coremltools,
+            "torch": self.toolchain_torch,
+        }
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

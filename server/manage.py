@@ -1,0 +1,81 @@
+"""Operator commands: wait for the database, migrate, create tokens, serve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
+
+from server.config import get_settings
+from server.models import TokenKind
+
+
+def wait_for_database(timeout_s: float) -> None:
+    engine = create_engine(get_settings().database_url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("select 1"))
+            return
+        except OperationalError as error:
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"database not reachable after {timeout_s:.0f}s: {error}"
+                ) from None
+            time.sleep(0.5)
+        finally:
+            engine.dispose()
+
+
+def migrate(revision: str = "head") -> None:
+    from pathlib import Path
+
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config(str(Path(__file__).resolve().parent.parent / "alembic.ini"))
+    command.upgrade(config, revision)
+
+
+def create_token_command(kind: str, name: str, token: str | None) -> str:
+    from server.auth import create_token
+    from server.db import get_sessionmaker
+
+    with get_sessionmaker().begin() as session:
+        return create_token(session, TokenKind(kind), name, token)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m server.manage")
+    commands = parser.add_subparsers(dest="command", required=True)
+    prestart = commands.add_parser("prestart", help="wait for the database, then migrate")
+    prestart.add_argument("--timeout", type=float, default=60.0)
+    commands.add_parser("migrate", help="alembic upgrade head")
+    token = commands.add_parser("create-token", help="create an API token and print it once")
+    token.add_argument("--kind", choices=[kind.value for kind in TokenKind], required=True)
+    token.add_argument("--name", required=True)
+    token.add_argument(
+        "--token", help="use this value (at least 16 characters) instead of a random one"
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "prestart":
+        wait_for_database(args.timeout)
+        migrate()
+    elif args.command == "migrate":
+        migrate()
+    elif args.command == "create-token":
+        try:
+            print(create_token_command(args.kind, args.name, args.token))
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

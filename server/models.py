@@ -1,0 +1,219 @@
+"""Database tables. The schema itself is created only by Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB}
+
+
+class TokenKind(StrEnum):
+    user = "user"
+    agent = "agent"
+    worker = "worker"
+
+
+class SweepState(StrEnum):
+    building = "building"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+
+
+class BuildState(StrEnum):
+    queued = "queued"
+    building = "building"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class RunState(StrEnum):
+    waiting_build = "waiting_build"
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+TERMINAL_RUN_STATES = (RunState.succeeded, RunState.failed)
+
+
+def _now_column() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(128))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = _now_column()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    model: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16), default=SweepState.building)
+    submitted_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = _now_column()
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    variants: Mapped[list[SweepVariant]] = relationship(
+        back_populates="sweep", order_by="SweepVariant.position"
+    )
+
+
+class Build(Base):
+    """One artifact, shared by every sweep that asks for the same variant of the same model."""
+
+    __tablename__ = "builds"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    model: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[dict[str, Any]]
+    toolchain: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16), default=BuildState.queued)
+    stage: Mapped[str | None] = mapped_column(String(64))
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    artifact_sha256: Mapped[str | None] = mapped_column(String(64))
+    report: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now_column()
+    updated_at: Mapped[datetime] = _now_column()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SweepVariant(Base):
+    __tablename__ = "sweep_variants"
+    __table_args__ = (UniqueConstraint("sweep_id", "position"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(String(64))
+    variant: Mapped[dict[str, Any]]
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+
+    sweep: Mapped[Sweep] = relationship(back_populates="variants")
+    build: Mapped[Build] = relationship()
+
+
+class Agent(Base):
+    __tablename__ = "agents"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id"), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    version: Mapped[str] = mapped_column(String(64), default="")
+    registered_at: Mapped[datetime] = _now_column()
+    last_seen_at: Mapped[datetime] = _now_column()
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    udid: Mapped[str] = mapped_column(String(128), unique=True)
+    agent_id: Mapped[int] = mapped_column(ForeignKey("agents.id"), index=True)
+    device_class: Mapped[str] = mapped_column(String(64))
+    product_type: Mapped[str] = mapped_column(String(64))
+    os_version: Mapped[str] = mapped_column(String(32), default="")
+    driver: Mapped[str] = mapped_column(String(32))
+    simulated: Mapped[bool] = mapped_column(Boolean)
+    battery_level: Mapped[int | None] = mapped_column(Integer)
+    charging: Mapped[bool | None] = mapped_column(Boolean)
+    thermal_state: Mapped[str] = mapped_column(String(16), default="unknown")
+    status: Mapped[str] = mapped_column(String(64), default="ready")
+    connected: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_seen_at: Mapped[datetime] = _now_column()
+
+
+class Run(Base):
+    """One variant on one device class for one repetition: the unit an agent claims."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    sweep_variant_id: Mapped[int] = mapped_column(ForeignKey("sweep_variants.id"))
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    device_class: Mapped[str] = mapped_column(String(64))
+    repetition: Mapped[int] = mapped_column(Integer, default=0)
+    order_key: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.waiting_build, index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    device_udid: Mapped[str | None] = mapped_column(String(128))
+    agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id"))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    simulated: Mapped[bool | None] = mapped_column(Boolean)
+    driver: Mapped[str | None] = mapped_column(String(32))
+    summary: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime] = _now_column()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    variant: Mapped[SweepVariant] = relationship()
+
+
+class PromptResultRow(Base):
+    __tablename__ = "prompt_results"
+    __table_args__ = (UniqueConstraint("run_id", "prompt_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    prompt_index: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    generated_tokens: Mapped[int] = mapped_column(Integer)
+    ttft_ms: Mapped[float] = mapped_column(Float)
+    prefill_tok_s: Mapped[float] = mapped_column(Float)
+    decode_tok_s: Mapped[float] = mapped_column(Float)
+    token_latencies_ms: Mapped[list[Any]]
+    token_ids: Mapped[list[Any] | None]
+    simulated: Mapped[bool] = mapped_column(Boolean)
+
+
+class Transition(Base):
+    """Every state change of a sweep, build or run, with when and why."""
+
+    __tablename__ = "transitions"
+    __table_args__ = (Index("ix_transitions_entity", "entity", "entity_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    entity: Mapped[str] = mapped_column(String(16))
+    entity_id: Mapped[int] = mapped_column(Integer)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = _now_column()

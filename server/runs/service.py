@@ -1,0 +1,216 @@
+"""Runs: claimed by agents under a lease, results uploaded idempotently per prompt."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from decodebench.protocol import RunResult
+from decodebench.stats import summarize
+from server.errors import Conflict, InvalidInput, NotFound
+from server.models import (
+    TERMINAL_RUN_STATES,
+    Build,
+    BuildState,
+    Device,
+    PromptResultRow,
+    Run,
+    RunState,
+    Sweep,
+    SweepState,
+)
+from server.transitions import move
+
+
+def get_run(session: Session, run_id: int, *, lock: bool = False) -> Run:
+    statement = select(Run).where(Run.id == run_id)
+    if lock:
+        statement = statement.with_for_update()
+    run = session.scalar(statement)
+    if run is None:
+        raise NotFound(f"no run {run_id}")
+    return run
+
+
+def refresh_sweep_state(session: Session, sweep_id: int) -> None:
+    sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
+    if sweep is None:
+        return
+    states = session.execute(
+        select(Run.state, Build.state)
+        .join(Build, Build.id == Run.build_id)
+        .where(Run.sweep_id == sweep_id)
+    ).all()
+    run_states = [run_state for run_state, _ in states]
+    if all(state in TERMINAL_RUN_STATES for state in run_states):
+        failed = run_states.count(RunState.failed)
+        target = SweepState.failed if failed else SweepState.completed
+        reason = f"{failed} of {len(run_states)} runs failed" if failed else "all runs succeeded"
+        if sweep.finished_at is None:
+            sweep.finished_at = datetime.now(UTC)
+    elif any(build_state != BuildState.succeeded for _, build_state in states):
+        target, reason = SweepState.building, "waiting for builds"
+    else:
+        target, reason = SweepState.running, "all builds ready; runs in progress"
+    move(session, "sweep", sweep, target, reason)
+
+
+def refresh_sweeps_of_build(session: Session, build_id: int) -> None:
+    sweep_ids = session.scalars(
+        select(Run.sweep_id).where(Run.build_id == build_id).distinct()
+    ).all()
+    for sweep_id in sorted(sweep_ids):
+        refresh_sweep_state(session, sweep_id)
+
+
+def expire_leases(session: Session, max_attempts: int) -> int:
+    """Runs whose agent stopped renewing go back to the queue, or fail after too many tries."""
+    now = datetime.now(UTC)
+    expired = session.scalars(
+        select(Run)
+        .where(Run.state == RunState.running, Run.lease_expires_at < now)
+        .with_for_update(skip_locked=True)
+    ).all()
+    for run in expired:
+        _requeue_or_fail(session, run, f"lease expired on device {run.device_udid}", max_attempts)
+    return len(expired)
+
+
+def _requeue_or_fail(session: Session, run: Run, reason: str, max_attempts: int) -> None:
+    run.failure_reason = reason
+    run.lease_expires_at = None
+    if run.attempts >= max_attempts:
+        run.finished_at = datetime.now(UTC)
+        if max_attempts > 0:
+            run.failure_reason = f"{reason} (gave up after {run.attempts} attempts)"
+        move(session, "run", run, RunState.failed, run.failure_reason)
+        refresh_sweep_state(session, run.sweep_id)
+    else:
+        move(session, "run", run, RunState.queued, f"{reason}; retrying")
+
+
+def claim_run(session: Session, agent_id: int, device_udid: str, lease_seconds: int) -> Run | None:
+    device = session.scalar(select(Device).where(Device.udid == device_udid))
+    if device is None or device.agent_id != agent_id:
+        raise NotFound(f"device {device_udid} is not registered to this agent")
+    busy = session.scalar(
+        select(func.count())
+        .select_from(Run)
+        .where(Run.device_udid == device_udid, Run.state == RunState.running)
+    )
+    if busy:
+        raise Conflict(f"device {device_udid} already has a run in progress")
+    # Prefer runs that have not failed on this device, then the least-tried: a retry lands elsewhere.
+    run = session.scalar(
+        select(Run)
+        .where(Run.state == RunState.queued, Run.device_class == device.device_class)
+        .order_by(
+            (Run.device_udid == device_udid).nulls_first(),
+            Run.attempts,
+            Run.sweep_id,
+            Run.order_key,
+            Run.id,
+        )
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    if run is None:
+        return None
+    now = datetime.now(UTC)
+    run.attempts += 1
+    run.agent_id = agent_id
+    run.device_udid = device_udid
+    run.started_at = now
+    run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    move(session, "run", run, RunState.running, f"claimed for {device_udid}")
+    refresh_sweep_state(session, run.sweep_id)
+    return run
+
+
+def _owned_running_run(session: Session, run_id: int, agent_id: int) -> Run:
+    run = get_run(session, run_id, lock=True)
+    if run.agent_id != agent_id:
+        raise Conflict(f"run {run_id} is not leased to this agent")
+    if run.state != RunState.running:
+        raise Conflict(f"run {run_id} is {run.state}, not running")
+    return run
+
+
+def renew_lease(session: Session, run_id: int, agent_id: int, lease_seconds: int) -> Run:
+    run = _owned_running_run(session, run_id, agent_id)
+    run.lease_expires_at = datetime.now(UTC) + timedelta(seconds=lease_seconds)
+    return run
+
+
+def fail_run(
+    session: Session, run_id: int, agent_id: int, reason: str, retryable: bool, max_attempts: int
+) -> Run:
+    run = _owned_running_run(session, run_id, agent_id)
+    _requeue_or_fail(session, run, reason, max_attempts if retryable else 0)
+    return run
+
+
+def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
+    """Idempotent per (run, prompt): a repeated upload rewrites the same rows."""
+    run = get_run(session, run_id, lock=True)
+    if run.agent_id != agent_id:
+        raise Conflict(f"run {run_id} is not leased to this agent")
+    if run.state not in (RunState.running, RunState.succeeded):
+        raise Conflict(f"run {run_id} is {run.state}; results are no longer accepted")
+    if result.device_udid != run.device_udid:
+        raise InvalidInput(f"results are from {result.device_udid}, run is on {run.device_udid}")
+    if result.device_class != run.device_class:
+        raise InvalidInput(
+            f"results are from a {result.device_class}, run needs {run.device_class}"
+        )
+    sweep = session.get(Sweep, run.sweep_id)
+    assert sweep is not None
+    expected_prompts = int(sweep.spec["prompts"])
+    for prompt in result.prompts:
+        if prompt.prompt_index >= expected_prompts:
+            raise InvalidInput(
+                f"prompt_index {prompt.prompt_index} is outside this run's {expected_prompts} prompts"
+            )
+    for prompt in result.prompts:
+        values = prompt.model_dump()
+        values.update(run_id=run_id, simulated=result.simulated)
+        session.execute(
+            insert(PromptResultRow)
+            .values(**values)
+            .on_conflict_do_update(
+                index_elements=[PromptResultRow.run_id, PromptResultRow.prompt_index],
+                set_={key: value for key, value in values.items() if key != "run_id"},
+            )
+        )
+    session.flush()
+    rows = session.scalars(select(PromptResultRow).where(PromptResultRow.run_id == run_id)).all()
+    run.simulated = result.simulated
+    run.driver = result.driver
+    run.summary = _run_summary(result, rows)
+    if len(rows) == expected_prompts and run.state == RunState.running:
+        run.finished_at = datetime.now(UTC)
+        run.lease_expires_at = None
+        run.failure_reason = None
+        move(session, "run", run, RunState.succeeded, f"{len(rows)} prompts uploaded")
+        refresh_sweep_state(session, run.sweep_id)
+    return run
+
+
+def _run_summary(result: RunResult, rows: list[PromptResultRow]) -> dict[str, object]:
+    decode = summarize([row.decode_tok_s for row in rows])
+    return {
+        "prompts": len(rows),
+        "decode_tok_s": decode.model_dump(),
+        "ttft_ms_mean": sum(row.ttft_ms for row in rows) / len(rows),
+        "load_time_cold_ms": result.load_time_cold_ms,
+        "load_time_warm_ms": result.load_time_warm_ms,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "thermal_state_start": result.thermal_state_start.value,
+        "thermal_state_end": result.thermal_state_end.value,
+        "product_type": result.product_type,
+        "os_version": result.os_version,
+        "timing_model": result.timing_model,
+    }

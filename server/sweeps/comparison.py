@@ -1,0 +1,74 @@
+"""The side-by-side table: variant x device, measured against predicted, with speed-ups."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from decodebench.profiles import DEVICE_PROFILES
+from decodebench.stats import summarize
+from server.builds.views import analysis_summary
+from server.models import PromptResultRow, Run, RunState, Sweep
+
+
+def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str, Any]]:
+    """One row per (variant, device class), in the sweep's variant order."""
+    rates: dict[tuple[int, str], list[float]] = defaultdict(list)
+    simulated: dict[tuple[int, str], set[bool]] = defaultdict(set)
+    rows = session.execute(
+        select(
+            Run.sweep_variant_id,
+            Run.device_class,
+            PromptResultRow.decode_tok_s,
+            PromptResultRow.simulated,
+        )
+        .join(PromptResultRow, PromptResultRow.run_id == Run.id)
+        .where(Run.sweep_id == sweep.id, Run.state == RunState.succeeded)
+    ).all()
+    for variant_id, device_class, decode_tok_s, is_simulated in rows:
+        rates[(variant_id, device_class)].append(decode_tok_s)
+        simulated[(variant_id, device_class)].add(is_simulated)
+    runs_by_cell: dict[tuple[int, str], list[Run]] = defaultdict(list)
+    for run in runs:
+        runs_by_cell[(run.sweep_variant_id, run.device_class)].append(run)
+
+    table: list[dict[str, Any]] = []
+    for device_class in sweep.spec["devices"]:
+        baseline: float | None = None
+        for sweep_variant in sweep.variants:
+            cell = (sweep_variant.id, device_class)
+            analysis = analysis_summary(sweep_variant.build)
+            samples = rates.get(cell, [])
+            summary = summarize(samples) if samples else None
+            if sweep_variant.position == 0:
+                baseline = summary.mean if summary else None
+            cell_runs = runs_by_cell.get(cell, [])
+            table.append(
+                {
+                    "variant": sweep_variant.label,
+                    "build_id": sweep_variant.build_id,
+                    "build_state": sweep_variant.build.state,
+                    "device_class": device_class,
+                    "device_name": DEVICE_PROFILES[device_class].display_name,
+                    "runs_total": len(cell_runs),
+                    "runs_succeeded": sum(run.state == RunState.succeeded for run in cell_runs),
+                    "runs_failed": sum(run.state == RunState.failed for run in cell_runs),
+                    "prompts_measured": len(samples),
+                    "decode_tok_s_mean": summary.mean if summary else None,
+                    "decode_tok_s_ci95": summary.ci95_half_width if summary else None,
+                    "speedup_vs_first": (
+                        summary.mean / baseline if summary is not None and baseline else None
+                    ),
+                    "predicted_tok_s": (
+                        analysis["predicted_tok_s"][device_class] if analysis else None
+                    ),
+                    "tile_ops": analysis["tile_ops"] if analysis else None,
+                    "tile_mib": analysis["tile_output_mib"] if analysis else None,
+                    "bytes_per_token": analysis["bytes_per_token"]["total"] if analysis else None,
+                    "simulated": (True in simulated[cell]) if cell in simulated else None,
+                }
+            )
+    return table

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from decodebench.domain import SweepSpec
+from server.auth import SessionDep, UserToken
+from server.config import get_settings
+from server.sweeps import service
+from server.sweeps.views import sweep_detail, sweep_overview
+
+router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"])
+
+
+@router.post("", status_code=201)
+def submit_sweep(spec: SweepSpec, token: UserToken, session: SessionDep) -> dict[str, Any]:
+    sweep = service.submit_sweep(session, spec, token.name, get_settings().toolchain)
+    return sweep_detail(session, service.get_sweep(session, sweep.id))
+
+
+@router.get("")
+def list_sweeps(token: UserToken, session: SessionDep) -> list[dict[str, Any]]:
+    return [sweep_overview(sweep) for sweep in service.list_sweeps(session)]
+
+
+@router.get("/{sweep_id}")
+def get_sweep(sweep_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
+    return sweep_detail(session, service.get_sweep(session, sweep_id))

@@ -1,0 +1,100 @@
+"""Shared fixtures: a real PostgreSQL database migrated once by Alembic, real Redis."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test")
+ADMIN_URL = os.environ.get("DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
+REDIS_URL = os.environ.get("DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+# Server settings are read once per process: point them at the test services before any import.
+os.environ["DECODEBENCH_DATABASE_URL"] = DATABASE_URL
+os.environ["DECODEBENCH_BROKER_URL"] = REDIS_URL
+os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
+
+TABLES = (
+    "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions"
+)
+
+
+def recreate_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+
+@pytest.fixture(scope="session")
+def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> str:
+    recreate_database(TEST_DATABASE)
+    os.environ["DECODEBENCH_ARTIFACT_DIR"] = str(tmp_path_factory.mktemp("artifacts"))
+    from server.manage import migrate
+
+    migrate()
+    return DATABASE_URL
+
+
+@pytest.fixture
+def db(migrated_database: str) -> Iterator[None]:
+    """Each test starts from empty tables (cheaper than re-migrating; works across processes)."""
+    from sqlalchemy import text
+
+    from server.db import get_engine
+
+    with get_engine().begin() as connection:
+        connection.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    yield
+
+
+@pytest.fixture
+def api(db: None):
+    from fastapi.testclient import TestClient
+
+    from server.app import app
+
+    with TestClient(app) as client:
+        yield client
+
+
+def make_token(kind: str, name: str) -> str:
+    from server.manage import create_token_command
+
+    return create_token_command(kind, name, f"test-{kind}-{secrets.token_hex(12)}")
+
+
+@pytest.fixture
+def user_token(db: None) -> str:
+    return make_token("user", "ci")
+
+
+@pytest.fixture
+def agent_token(db: None) -> str:
+    return make_token("agent", "lab-host-1")
+
+
+@pytest.fixture
+def worker_token(db: None) -> str:
+    return make_token("worker", "builder-1")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def table_counts() -> dict[str, int]:
+    from sqlalchemy import text
+
+    from server.db import get_engine
+
+    with get_engine().connect() as connection:
+        return {
+            table.strip(): connection.execute(text(f"SELECT count(*) FROM {table.strip()}")).scalar_one()
+            for table in TABLES.split(",")
+        }

@@ -1,0 +1,81 @@
+"""Building one variant for the server: fetch the assignment, build, upload, report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from decodebench.artifacts import pack_directory
+from decodebench.client import DecodebenchClient
+from decodebench.protocol import BuildOutcome
+from worker.config import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 1.0
+
+
+class ToolchainMismatch(Exception):
+    pass
+
+
+def _release(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def check_toolchain(expected: dict[str, str], actual: dict[str, str]) -> None:
+    """A build is keyed by its toolchain; building it with another would mislabel the artifact."""
+    for package, version in expected.items():
+        if _release(actual.get(package, "absent")) != _release(version):
+            raise ToolchainMismatch(
+                f"build expects {package} {version}, this worker has {actual.get(package, 'none')}"
+            )
+
+
+def run_build(build_id: int, settings: WorkerSettings) -> str:
+    """Returns what happened, for the task's result and the log."""
+    from decodebench.build import build_variant, toolchain_versions
+
+    with DecodebenchClient(settings.server_url, settings.token) as client:
+        assignment = client.get_build_assignment(build_id)
+        try:
+            check_toolchain(assignment.toolchain, toolchain_versions())
+        except ToolchainMismatch as error:
+            client.fail_build(build_id, str(error))
+            return f"refused: {error}"
+        start = client.start_build(build_id, settings.name)
+        if not start.proceed:
+            return f"skipped: build is {start.state}"
+        last_report = 0.0
+
+        def progress(stage: str, fraction: float) -> None:
+            nonlocal last_report
+            now = time.monotonic()
+            if now - last_report >= PROGRESS_INTERVAL_S or fraction >= 1.0:
+                last_report = now
+                client.report_build_progress(build_id, stage, max(0.0, min(1.0, fraction)))
+
+        settings.work_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=settings.work_dir, prefix=f"build-{build_id}-") as tmp:
+            out_dir = Path(tmp) / "out"
+            try:
+                report = build_variant(
+                    assignment.model, assignment.variant, out_dir, progress=progress
+                )
+                report_json = report.model_dump(mode="json")
+                report_json["key"] = assignment.key
+                (out_dir / "build.json").write_text(json.dumps(report_json, indent=2))
+                progress("upload", 1.0)
+                archive = pack_directory(out_dir, Path(tmp) / "artifact.zip")
+                sha256 = client.upload_artifact(archive)
+            except Exception as error:
+                log.exception("build %s failed", build_id)
+                client.fail_build(build_id, f"{type(error).__name__}: {error}")
+                return f"failed: {error}"
+            client.complete_build(
+                build_id, BuildOutcome(artifact_sha256=sha256, report=report_json)
+            )
+            return f"built {sha256}"
