@@ -1,0 +1,51 @@
+# decodebench: `make demo` runs the demo sweep end to end; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: help install demo serve-demo test test-fast services lint format typecheck bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[build,server,agent,embedded,dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install every role and the dev tools
+
+demo: install  ## run the demo sweep on embedded defaults and print the comparison
+	$(BIN)/python scripts/demo.py
+
+serve-demo: install  ## the demo, then keep the server and UI up until Ctrl-C
+	$(BIN)/python scripts/demo.py --serve
+
+services:  ## start PostgreSQL and Redis if they are not running; install Chromium if missing
+	bash scripts/services.sh
+
+test: install services  ## every test, against the real PostgreSQL, Redis and Chromium
+	$(BIN)/python -m pytest -p no:cacheprovider
+
+test-fast: install services  ## the tests that convert no model and start no browser
+	$(BIN)/python -m pytest -m "not slow and not browser"
+
+lint:  ## ruff check and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format:  ## ruff format and fix
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck:  ## mypy on the library and the agent
+	$(BIN)/mypy
+
+bench:  ## full-size benchmarks (minutes, ~15 GB RAM)
+	$(BIN)/python bench/exaone_tiles.py
+
+clean:  ## remove local state (embedded database, artifacts, logs)
+	rm -rf var

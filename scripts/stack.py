@@ -1,0 +1,142 @@
+"""Start the service's roles as real processes on one machine: for the demo and end-to-end tests.
+
+Each role is the same command a deployment runs (see docker-compose.yml); only the addresses of
+the database and the broker change.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    database_url: str
+    broker_url: str
+    var_dir: Path
+    port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def server_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            DECODEBENCH_DATABASE_URL=self.database_url,
+            DECODEBENCH_BROKER_URL=self.broker_url,
+            DECODEBENCH_BROKER_FOLDER=str(self.var_dir / "broker"),
+            DECODEBENCH_ARTIFACT_DIR=str(self.var_dir / "artifacts"),
+            DECODEBENCH_SERVER_URL=self.server_url,
+            DECODEBENCH_PUBLIC_URL=self.server_url,
+            PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra)
+        return env
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "server.manage", *args],
+            env=self.env(),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"server.manage {' '.join(args)} failed:\n{result.stderr}")
+        return result.stdout.strip()
+
+    def prepare(self) -> None:
+        """Migrate and mint one token per role."""
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.manage("prestart", "--timeout", "30")
+        for kind, name in (("user", "demo-user"), ("worker", "demo-worker"), ("agent", "demo-agent")):
+            token = f"dbk_{kind}_{secrets.token_urlsafe(18)}"
+            self.tokens[kind] = self.manage("create-token", "--kind", kind, "--name", name, "--token", token)
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log_path = self.var_dir / f"{name}.log"
+        log = log_path.open("ab")
+        process = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.processes[name] = process
+        return process
+
+    def start_server(self) -> None:
+        self._spawn(
+            "server",
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port)],
+            self.env(),
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(f"{self.server_url}/api/v1/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"server did not become healthy; see {self.var_dir / 'server.log'}")
+
+    def start_worker(self) -> None:
+        command = [
+            sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+            "--loglevel", "INFO", "--pool", "solo", "--queues", "builds", "--without-heartbeat",
+            "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        env = self.env(
+            DECODEBENCH_WORKER_TOKEN=self.tokens["worker"],
+            DECODEBENCH_WORK_DIR=str(self.var_dir / "worker"),
+        )
+        self._spawn("worker", command, env)
+
+    def start_agent(self, device_classes: list[str], *extra_args: str) -> None:
+        command = [
+            sys.executable, "-m", "agent", "--name", "demo-host",
+            "--simulated", ",".join(device_classes),
+            "--work-dir", str(self.var_dir / "agent"), *extra_args,
+        ]  # fmt: skip
+        self._spawn("agent", command, self.env(DECODEBENCH_AGENT_TOKEN=self.tokens["agent"]))
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.var_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()

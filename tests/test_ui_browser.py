@@ -1,0 +1,86 @@
+"""The web UI in headless Chromium: sign in, submit a sweep through the form, see its page."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from stack import Stack
+from tests.conftest import DATABASE_URL, REDIS_URL
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def server(db, tmp_path):
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
+    running.prepare()
+    running.start_server()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+
+
+def test_submit_a_sweep_through_the_form(server: Stack, page) -> None:
+    page.goto(f"{server.server_url}/sweeps/new")
+    assert page.url.endswith("/login")  # pages need a signed-in user
+    page.fill("input[name=token]", server.tokens["user"])
+    page.click("button[type=submit]")
+    page.click("text=New sweep")
+
+    page.select_option("select[name=model]", "tiny-gqa")
+    page.select_option("select[name=variant0_attention]", "repeat_kv")
+    page.select_option("select[name=variant1_attention]", "folded")
+    page.fill("input[name=prompts]", "5")
+    page.click("#sweep-form button[type=submit]")
+
+    page.wait_for_url("**/sweeps/1")
+    assert page.inner_text("h1") == "Sweep 1 · tiny-gqa"
+    assert page.inner_text("#sweep-state") == "building"
+    rows = page.locator("#comparison tbody tr")
+    assert rows.count() == 4  # 2 variants x 2 devices
+    assert "repeat_kv-ctx512-fp16" in rows.nth(0).inner_text()
+    assert page.locator("#runs tbody tr").count() == 4
+
+
+def test_form_errors_name_the_field(server: Stack, page) -> None:
+    page.goto(f"{server.server_url}/login")
+    page.fill("input[name=token]", server.tokens["user"])
+    page.click("button[type=submit]")
+    page.goto(f"{server.server_url}/sweeps/new")
+    page.fill("input[name=variant0_context]", "7")
+    page.click("#sweep-form button[type=submit]")
+    alert = page.inner_text("[role=alert]")
+    assert "variants.0.context" in alert
+    assert "greater than or equal to 64" in alert
+    page.goto(server.server_url)
+    assert "No sweeps yet." in page.inner_text("main")
+
+
+def test_wrong_token_is_refused(server: Stack, page) -> None:
+    page.goto(f"{server.server_url}/login")
+    page.fill("input[name=token]", "not-a-token-of-ours")
+    page.click("button[type=submit]")
+    assert page.inner_text("[role=alert]") == "Unknown user token."
