@@ -1,0 +1,3 @@
+from agent.main import main
+
+raise SystemExit(main())

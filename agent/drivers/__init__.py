@@ -1,0 +1,1 @@
+"""Device drivers: one interface (base.DeviceDriver), one module per kind of device."""

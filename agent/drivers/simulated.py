@@ -1,0 +1,300 @@
+"""A simulated iPhone: no hardware, no model execution; timings from the roofline model.
+
+Everything the agent does around a run is real (download, unpack and check the artifact,
+write the job, read back and validate results.json); only the phone is replaced by a formula,
+and every result says so (`simulated=True`, `driver="simulated"`, `timing_model`).
+
+The model (DESIGN §1), per prompt, seeded by (run id, device UDID, prompt index):
+
+- decode latency per token = bytes_per_token / effective bandwidth of the device profile,
+  times an independent jitter factor per token, uniform in [1 - jitter, 1 + jitter];
+- prefill latency per prompt token = decode latency / `prefill_parallelism` (prefill reads
+  the weights once per batch of prompt tokens), times one jitter factor per prompt;
+- load time: cold = fixed + package bytes / cold rate (stands in for the on-device compile),
+  warm = fixed + package bytes / warm rate; peak memory = package bytes + runtime overhead
+  (the KV state is not modelled).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.artifacts import SHA256_PATTERN, directory_bytes, unpack_mlpackage
+from agent.drivers.base import (
+    Cancellation,
+    DriverError,
+    HarnessJob,
+    InstalledModel,
+)
+from decodebench.client import file_sha256
+from decodebench.profiles import DeviceProfile, get_profile
+from decodebench.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
+
+log = logging.getLogger(__name__)
+
+DRIVER_NAME = "simulated"
+JOB_FILE = "job.json"
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    udid: str
+    device_class: str
+
+
+@dataclass(frozen=True)
+class TimingParameters:
+    jitter: float = 0.03
+    prefill_parallelism: float = 8.0
+    cold_load_fixed_ms: float = 300.0
+    cold_load_bytes_s: float = 250e6
+    warm_load_fixed_ms: float = 30.0
+    warm_load_bytes_s: float = 2e9
+    runtime_overhead_bytes: int = 48 * 2**20
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
+        if self.prefill_parallelism <= 0:
+            raise ValueError("prefill_parallelism must be positive")
+
+
+def decode_latency_s(profile: DeviceProfile, bytes_per_token: int) -> float:
+    return 1.0 / profile.predicted_tok_s(bytes_per_token)
+
+
+def describe_timing_model(
+    profile: DeviceProfile, bytes_per_token: int, timing: TimingParameters
+) -> str:
+    latency_ms = decode_latency_s(profile, bytes_per_token) * 1000
+    return (
+        f"simulated roofline, no model executed: decode latency per token = bytes_per_token "
+        f"({bytes_per_token:,} B) / effective bandwidth ({profile.effective_bandwidth_mb_s:,.1f} "
+        f"MB/s, {profile.device_class} profile: {profile.source}) = {latency_ms:.4f} ms, times "
+        f"uniform jitter in [{1 - timing.jitter:g}, {1 + timing.jitter:g}] per token seeded by "
+        f"(run, device, prompt); prefill per prompt token = decode latency / "
+        f"{timing.prefill_parallelism:g}; load cold = {timing.cold_load_fixed_ms:g} ms + package "
+        f"bytes / {timing.cold_load_bytes_s / 1e6:g} MB/s, warm = {timing.warm_load_fixed_ms:g} "
+        f"ms + package bytes / {timing.warm_load_bytes_s / 1e6:g} MB/s; peak memory = package "
+        f"bytes + {timing.runtime_overhead_bytes / 2**20:g} MiB"
+    )
+
+
+def prompt_seed(run_id: int, udid: str, prompt_index: int) -> int:
+    key = f"{run_id}:{udid}:{prompt_index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+
+
+def simulate_run(
+    job: HarnessJob,
+    device: SimulatedDevice,
+    package_bytes: int,
+    timing: TimingParameters | None = None,
+) -> RunResult:
+    """The results.json a harness on this device would write, from the stated timing model."""
+    timing = timing or TimingParameters()
+    profile = get_profile(device.device_class)
+    if job.bytes_per_token <= 0:
+        raise DriverError(
+            f"run {job.run_id}: bytes_per_token is {job.bytes_per_token}; the simulated device "
+            "needs the build's analysed bytes per token"
+        )
+    base_latency_s = decode_latency_s(profile, job.bytes_per_token)
+    low, high = 1 - timing.jitter, 1 + timing.jitter
+    prompts = []
+    for prompt in job.prompts:
+        rng = random.Random(prompt_seed(job.run_id, device.udid, prompt.index))
+        prompt_tokens = len(prompt.token_ids)
+        prefill_per_token_s = base_latency_s / timing.prefill_parallelism
+        prefill_s = prompt_tokens * prefill_per_token_s * rng.uniform(low, high)
+        latencies_s = [base_latency_s * rng.uniform(low, high) for _ in range(job.decode_tokens)]
+        prompts.append(
+            PromptResult(
+                prompt_index=prompt.index,
+                prompt_tokens=prompt_tokens,
+                generated_tokens=job.decode_tokens,
+                ttft_ms=(prefill_s + latencies_s[0]) * 1000,
+                prefill_tok_s=prompt_tokens / prefill_s,
+                decode_tok_s=job.decode_tokens / sum(latencies_s),
+                token_latencies_ms=[latency * 1000 for latency in latencies_s],
+                token_ids=None,
+            )
+        )
+    return RunResult(
+        device_udid=device.udid,
+        device_class=device.device_class,
+        product_type=profile.product_types[0],
+        os_version=DRIVER_NAME,
+        driver=DRIVER_NAME,
+        simulated=True,
+        load_time_cold_ms=timing.cold_load_fixed_ms
+        + package_bytes / timing.cold_load_bytes_s * 1000,
+        load_time_warm_ms=timing.warm_load_fixed_ms
+        + package_bytes / timing.warm_load_bytes_s * 1000,
+        peak_memory_bytes=package_bytes + timing.runtime_overhead_bytes,
+        thermal_state_start=ThermalState.nominal,
+        thermal_state_end=ThermalState.nominal,
+        timing_model=describe_timing_model(profile, job.bytes_per_token, timing),
+        prompts=prompts,
+    )
+
+
+def simulated_duration_s(result: RunResult) -> float:
+    """How long the run would have taken on the phone: one cold load plus every prompt."""
+    prompts_ms = sum(
+        prompt.prompt_tokens / prompt.prefill_tok_s * 1000 + sum(prompt.token_latencies_ms)
+        for prompt in result.prompts
+    )
+    return (result.load_time_cold_ms + prompts_ms) / 1000
+
+
+def _content_address(artifact_path: Path) -> str:
+    # The agent's cache already names artifacts by their verified sha256; hash anything else.
+    if SHA256_PATTERN.match(artifact_path.stem):
+        return artifact_path.stem
+    return file_sha256(artifact_path)
+
+
+@dataclass
+class _DeviceState:
+    device: SimulatedDevice
+    root: Path
+    installed: InstalledModel | None = None
+    log_lines: list[str] = field(default_factory=list)
+
+    @property
+    def documents(self) -> Path:
+        return self.root / "Documents"
+
+    def note(self, message: str) -> None:
+        self.log_lines.append(message)
+        log.debug("[%s] %s", self.device.udid, message)
+
+
+class SimulatedDriver:
+    """Simulated iPhones, one per `SimulatedDevice`, each with a directory under `work_dir`.
+
+    `time_scale` > 0 makes `wait` sleep that fraction of the simulated run time (for demos).
+    """
+
+    name = DRIVER_NAME
+
+    def __init__(
+        self,
+        devices: list[SimulatedDevice],
+        work_dir: Path,
+        time_scale: float = 0.0,
+        timing: TimingParameters | None = None,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError("time_scale must not be negative")
+        for device in devices:
+            get_profile(device.device_class)  # refuse unknown classes at start-up, not mid-run
+        self.time_scale = time_scale
+        self.timing = timing or TimingParameters()
+        self._states = {
+            device.udid: _DeviceState(device, work_dir / "devices" / device.udid)
+            for device in devices
+        }
+        self._lock = threading.Lock()
+
+    def discover(self) -> list[DeviceInfo]:
+        return [
+            DeviceInfo(
+                udid=state.device.udid,
+                device_class=state.device.device_class,
+                product_type=get_profile(state.device.device_class).product_types[0],
+                os_version=DRIVER_NAME,
+                driver=DRIVER_NAME,
+                simulated=True,
+                thermal_state=ThermalState.nominal,
+            )
+            for state in self._states.values()
+        ]
+
+    def _state(self, device: DeviceInfo) -> _DeviceState:
+        with self._lock:
+            state = self._states.get(device.udid)
+        if state is None:
+            raise DriverError(f"device {device.udid} is not connected to this agent")
+        return state
+
+    def prepare(self, device: DeviceInfo) -> None:
+        state = self._state(device)
+        state.log_lines.clear()
+        shutil.rmtree(state.documents, ignore_errors=True)
+        state.documents.mkdir(parents=True)
+        state.note("prepared: thermal state nominal")
+
+    def install(self, device: DeviceInfo, artifact_path: Path) -> InstalledModel:
+        state = self._state(device)
+        artifact_sha256 = _content_address(artifact_path)
+        if state.installed is not None and state.installed.artifact_sha256 == artifact_sha256:
+            state.note(f"artifact {artifact_sha256[:12]} already installed")
+            return state.installed
+        state.installed = None  # one model installed at a time, like a phone short of storage
+        package = unpack_mlpackage(artifact_path, state.root / "installed")
+        state.installed = InstalledModel(
+            artifact_sha256=artifact_sha256,
+            package_path=package,
+            package_bytes=directory_bytes(package),
+        )
+        state.note(f"installed {package.name} ({state.installed.package_bytes:,} bytes)")
+        return state.installed
+
+    def push(self, device: DeviceInfo, job: HarnessJob) -> None:
+        state = self._state(device)
+        (state.documents / JOB_FILE).write_text(job.model_dump_json())
+        state.note(f"pushed {JOB_FILE}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
+
+    def launch(self, device: DeviceInfo, job: HarnessJob) -> None:
+        """Run the harness protocol in-process: read job.json, write results.json atomically."""
+        state = self._state(device)
+        if state.installed is None or state.installed.artifact_sha256 != job.artifact_sha256:
+            raise DriverError(
+                f"device {device.udid}: artifact {job.artifact_sha256[:12]} not installed"
+            )
+        pushed = HarnessJob.model_validate_json((state.documents / JOB_FILE).read_text())
+        result = simulate_run(
+            pushed, state.device, state.installed.package_bytes, timing=self.timing
+        )
+        partial = state.documents / (RESULTS_FILE + ".partial")
+        partial.write_text(result.model_dump_json())
+        partial.replace(state.documents / RESULTS_FILE)
+        state.note(f"harness finished: {simulated_duration_s(result):.2f} s simulated")
+
+    def wait(
+        self, device: DeviceInfo, job: HarnessJob, timeout_s: float, cancel: Cancellation
+    ) -> None:
+        state = self._state(device)
+        if self.time_scale == 0:
+            return
+        result = RunResult.model_validate_json((state.documents / RESULTS_FILE).read_text())
+        wall_s = simulated_duration_s(result) * self.time_scale
+        cancel.sleep(min(wall_s, timeout_s))
+        if wall_s > timeout_s:
+            raise DriverError(
+                f"device {device.udid}: harness did not finish within {timeout_s:g} s"
+            )
+
+    def pull_results(self, device: DeviceInfo, job: HarnessJob) -> RunResult:
+        state = self._state(device)
+        path = state.documents / RESULTS_FILE
+        if not path.exists():
+            raise DriverError(f"device {device.udid}: the harness wrote no {RESULTS_FILE}")
+        result = RunResult.model_validate_json(path.read_text())
+        state.note(f"pulled {RESULTS_FILE}")
+        return result
+
+    def logs(self, device: DeviceInfo, job: HarnessJob) -> str:
+        return "\n".join(self._state(device).log_lines)
+
+    def cleanup(self, device: DeviceInfo, job: HarnessJob) -> None:
+        shutil.rmtree(self._state(device).documents, ignore_errors=True)

@@ -1,0 +1,327 @@
+"""Execute one claimed run on one device: fetch, drive the device, upload, or report why not.
+
+`RunExecutor.execute` never raises for a run's own failure: every exception becomes a
+`fail_run` reason (with whether a retry elsewhere could help), so a device thread survives any
+single bad run. Only a lost lease is not reported: the run belongs to someone else by then.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+from pydantic import ValidationError
+
+from agent.artifacts import ArtifactCache
+from agent.drivers.base import (
+    ArtifactError,
+    Cancellation,
+    DeviceDriver,
+    DriverError,
+    HarnessJob,
+    HarnessPrompt,
+    RunCancelled,
+    run_on_device,
+)
+from decodebench.client import ApiError, DecodebenchClient
+from decodebench.presets import get_preset
+from decodebench.profiles import DEVICE_PROFILES
+from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts
+from decodebench.protocol import DeviceInfo, RunAssignment, RunResult
+
+log = logging.getLogger(__name__)
+
+MAX_REASON_CHARS = 2000
+DEVICE_LOG_TAIL_CHARS = 600
+UPLOAD_ATTEMPTS = 4
+
+
+class JobError(ValueError):
+    """The assignment cannot be turned into a harness job (a server-side or spec problem)."""
+
+
+class ResultMismatch(ValueError):
+    """The harness's results.json does not answer the job it was given."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: int
+    completed: bool
+    reason: str = ""
+    result: RunResult | None = None
+
+
+def build_job(assignment: RunAssignment) -> HarnessJob:
+    """Prompts as token ids, left-truncated so prompt plus decoded tokens fit the context."""
+    try:
+        vocab_size = get_preset(assignment.model).vocab_size
+        prompts = builtin_prompts(assignment.prompts)
+    except (KeyError, ValueError) as error:
+        raise JobError(str(error).strip("'\"")) from error
+    context = assignment.variant.context
+    room = context - assignment.decode_tokens
+    if room < 1:
+        raise JobError(
+            f"decode_tokens {assignment.decode_tokens} leaves no room for a prompt in a "
+            f"{context}-token context"
+        )
+    return HarnessJob(
+        run_id=assignment.run_id,
+        model=assignment.model,
+        variant_label=assignment.variant_label,
+        device_class=assignment.device_class,
+        artifact_sha256=assignment.artifact_sha256,
+        bytes_per_token=assignment.bytes_per_token,
+        context_tokens=context,
+        decode_tokens=assignment.decode_tokens,
+        prompt_set_version=PROMPT_SET_VERSION,
+        prompts=[
+            HarnessPrompt(index=prompt.index, token_ids=prompt.token_ids(vocab_size)[-room:])
+            for prompt in prompts
+        ],
+    )
+
+
+def check_result(job: HarnessJob, device: DeviceInfo, result: RunResult) -> None:
+    if result.device_udid != device.udid or result.device_class != device.device_class:
+        raise ResultMismatch(
+            f"results.json is from {result.device_class} {result.device_udid}, "
+            f"expected {device.device_class} {device.udid}"
+        )
+    expected = {prompt.index: len(prompt.token_ids) for prompt in job.prompts}
+    answered = {prompt.prompt_index: prompt for prompt in result.prompts}
+    if set(answered) != set(expected):
+        raise ResultMismatch(
+            f"results.json answers prompts {sorted(answered)}, the job asked for {sorted(expected)}"
+        )
+    for index, prompt in sorted(answered.items()):
+        if prompt.prompt_tokens != expected[index]:
+            raise ResultMismatch(
+                f"prompt {index}: results.json reports {prompt.prompt_tokens} prompt tokens, "
+                f"the job pushed {expected[index]}"
+            )
+        if prompt.generated_tokens != job.decode_tokens:
+            raise ResultMismatch(
+                f"prompt {index}: {prompt.generated_tokens} tokens generated, "
+                f"the job asked for {job.decode_tokens}"
+            )
+
+
+def failure_reason(error: BaseException, step: str) -> tuple[str, bool]:
+    """A run failure's reason for humans, and whether retrying (elsewhere) could succeed."""
+    if isinstance(error, RunCancelled):
+        return error.reason, True
+    if isinstance(error, ArtifactError):
+        # The download matched its sha256, so these bytes are what the build produced.
+        return f"unusable artifact: {error}", False
+    if isinstance(error, DriverError):
+        reason = f"device error while {step}: {error}"
+        if error.device_log:
+            reason += f" | device log: {error.device_log[-DEVICE_LOG_TAIL_CHARS:]}"
+        return reason, True
+    if isinstance(error, JobError):
+        return f"cannot run this assignment: {error}", False
+    if isinstance(error, ResultMismatch):
+        return f"harness results do not match the job: {error}", False
+    if isinstance(error, ValidationError):
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}"
+            for item in error.errors()[:5]
+        )
+        return f"invalid harness results while {step}: {problems}", False
+    if isinstance(error, ApiError):
+        return f"server answered HTTP {error.status_code} while {step}: {error.detail}", True
+    if isinstance(error, httpx.HTTPError):
+        return f"network error while {step}: {type(error).__name__}: {error}", True
+    if isinstance(error, OSError):
+        return f"host I/O error while {step}: {error}", True
+    return f"unexpected agent error while {step}: {type(error).__name__}: {error}", True
+
+
+class LeaseKeeper:
+    """Renews a run's lease in the background; cancels the run once the lease is lost."""
+
+    def __init__(
+        self, client: DecodebenchClient, run_id: int, lease_seconds: float, cancel: Cancellation
+    ) -> None:
+        self._client = client
+        self._run_id = run_id
+        self._lease_seconds = lease_seconds
+        self._interval_s = max(1.0, lease_seconds / 3)
+        self._cancel = cancel
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._renew_until_stopped,
+            name=f"{threading.current_thread().name}-lease",
+            daemon=True,
+        )
+        self.lost = False
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _renew_until_stopped(self) -> None:
+        last_renewed = time.monotonic()
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self._client.renew_lease(self._run_id)
+                last_renewed = time.monotonic()
+            except ApiError as error:
+                if 400 <= error.status_code < 500:
+                    self._lose(f"lease lost: server refused renewal ({error})")
+                    return
+                log.warning("run %d: lease renewal failed, will retry: %s", self._run_id, error)
+            except httpx.HTTPError as error:
+                log.warning("run %d: lease renewal failed, will retry: %r", self._run_id, error)
+            if time.monotonic() - last_renewed > self._lease_seconds:
+                self._lose(f"lease lost: not renewed for {self._lease_seconds:g} s")
+                return
+
+    def _lose(self, reason: str) -> None:
+        log.error("run %d: %s; abandoning it", self._run_id, reason)
+        self.lost = True
+        self._cancel.cancel(reason)
+
+
+class RunExecutor:
+    def __init__(
+        self,
+        client: DecodebenchClient,
+        driver: DeviceDriver,
+        cache: ArtifactCache,
+        shutdown: threading.Event,
+        run_timeout_s: float = 3600.0,
+    ) -> None:
+        self.client = client
+        self.driver = driver
+        self.cache = cache
+        self.shutdown = shutdown
+        self.run_timeout_s = run_timeout_s
+
+    def execute(self, assignment: RunAssignment, device: DeviceInfo) -> RunOutcome:
+        run_id = assignment.run_id
+        started = time.monotonic()
+        _log_claimed(assignment, device)
+        cancel = Cancellation(self.shutdown)
+        step = "preparing the job"
+        with LeaseKeeper(self.client, run_id, assignment.lease_seconds, cancel) as lease:
+            try:
+                job = build_job(assignment)
+                step = "fetching the artifact"
+                artifact = self.cache.fetch(assignment.artifact_sha256)
+                step = f"running on {device.udid}"
+                result = run_on_device(
+                    self.driver, device, artifact, job, cancel, timeout_s=self.run_timeout_s
+                )
+                step = "checking results"
+                check_result(job, device, result)
+            except Exception as error:
+                return self._fail(assignment, error, step, lease_lost=lease.lost)
+            if lease.lost:
+                return RunOutcome(run_id, completed=False, reason=cancel.reason or "lease lost")
+            try:
+                self._upload(run_id, result)
+            except Exception as error:
+                return self._fail(assignment, error, "uploading results", lease_lost=lease.lost)
+        _log_completed(assignment, device, result, time.monotonic() - started)
+        return RunOutcome(run_id, completed=True, result=result)
+
+    def _upload(self, run_id: int, result: RunResult) -> None:
+        # Uploads are idempotent per (run, prompt), so retrying a timed-out upload is safe.
+        for attempt in range(1, UPLOAD_ATTEMPTS + 1):
+            try:
+                self.client.upload_results(run_id, result)
+                return
+            except (httpx.TransportError, ApiError) as error:
+                transient = not isinstance(error, ApiError) or error.status_code >= 500
+                if not transient or attempt == UPLOAD_ATTEMPTS:
+                    raise
+                delay_s = 2 ** (attempt - 1)
+                log.warning(
+                    "run %d: upload attempt %d failed (%s); retrying in %d s",
+                    run_id,
+                    attempt,
+                    error,
+                    delay_s,
+                )
+                time.sleep(delay_s)
+
+    def _fail(
+        self, assignment: RunAssignment, error: Exception, step: str, lease_lost: bool
+    ) -> RunOutcome:
+        run_id = assignment.run_id
+        reason, retryable = failure_reason(error, step)
+        reason = reason[:MAX_REASON_CHARS]
+        if lease_lost:
+            log.warning("run %d abandoned (lease lost): %s", run_id, reason)
+            return RunOutcome(run_id, completed=False, reason=reason)
+        log_method = log.warning if isinstance(error, RunCancelled) else log.error
+        log_method(
+            "run %d failed (variant %s, %s): %s",
+            run_id,
+            assignment.variant_label,
+            "retryable" if retryable else "not retryable",
+            reason,
+            exc_info=not isinstance(error, RunCancelled | DriverError | JobError | ResultMismatch),
+        )
+        try:
+            self.client.fail_run(run_id, reason, retryable=retryable)
+        except Exception as report_error:  # the lease will expire and the server will retry
+            log.error("run %d: could not report the failure: %s", run_id, report_error)
+        return RunOutcome(run_id, completed=False, reason=reason)
+
+
+def _log_claimed(assignment: RunAssignment, device: DeviceInfo) -> None:
+    profile = DEVICE_PROFILES.get(device.device_class)
+    predicted = (
+        f"{profile.predicted_tok_s(assignment.bytes_per_token):.1f} tok/s"
+        if profile is not None and assignment.bytes_per_token > 0
+        else "n/a"
+    )
+    log.info(
+        "run %d claimed: %s variant %s on %s %s, %d prompts x %d tokens, artifact %s, "
+        "%s bytes/token, roofline predicts %s",
+        assignment.run_id,
+        assignment.model,
+        assignment.variant_label,
+        device.device_class,
+        device.udid,
+        assignment.prompts,
+        assignment.decode_tokens,
+        assignment.artifact_sha256[:12],
+        f"{assignment.bytes_per_token:,}",
+        predicted,
+    )
+
+
+def _log_completed(
+    assignment: RunAssignment, device: DeviceInfo, result: RunResult, wall_s: float
+) -> None:
+    per_prompt = [prompt.decode_tok_s for prompt in result.prompts]
+    generated = sum(prompt.generated_tokens for prompt in result.prompts)
+    decode_s = sum(sum(prompt.token_latencies_ms) for prompt in result.prompts) / 1000
+    aggregate_tok_s = generated / decode_s if decode_s > 0 else float("nan")
+    log.info(
+        "run %d done: variant %s on %s %s: decode %.1f tok/s (per prompt %.1f-%.1f), "
+        "median ttft %.1f ms, %s, %.2f s wall",
+        assignment.run_id,
+        assignment.variant_label,
+        device.device_class,
+        device.udid,
+        aggregate_tok_s,
+        min(per_prompt),
+        max(per_prompt),
+        statistics.median(prompt.ttft_ms for prompt in result.prompts),
+        "simulated" if result.simulated else "measured",
+        wall_s,
+    )
