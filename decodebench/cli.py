@@ -158,7 +158,7 @@ def wait_for_sweep(client: Any, sweep_id: int, timeout_s: float) -> dict[str, An
 
 def progress_line(sweep: dict[str, Any]) -> str:
     builds = ", ".join(
-        f"{build['variant']}: {build['state']}"
+        f"{build['label']}: {build['state']}"
         + (
             f" {build['stage']} {build['progress'] * 100:.0f}%"
             if build["state"] == "building"

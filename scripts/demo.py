@@ -48,7 +48,9 @@ def main() -> int:
     args = parser.parse_args()
     var_dir = Path(args.var_dir).resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(var_dir))
+    runtime_dir = var_dir / "run"
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime_dir))
 
     print("starting embedded PostgreSQL …", flush=True)
     database, database_url = embedded_database(var_dir / "pgdata")

@@ -49,7 +49,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> dict[str, Any]:
         **sweep_overview(sweep),
         "spec": sweep.spec,
         "builds": [
-            {"variant": variant.label, **build_view(variant.build)} for variant in sweep.variants
+            {**build_view(variant.build), "label": variant.label} for variant in sweep.variants
         ],
         "results": table,
         "simulated": any(row["simulated"] for row in table),
