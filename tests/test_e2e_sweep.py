@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import redis
+from stack import Stack
 
 from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
-from stack import Stack
 from tests.conftest import DATABASE_URL, REDIS_URL, table_counts
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import redis
-
 from stack import Stack
+
 from tests.conftest import DATABASE_URL, REDIS_URL
 
 pytestmark = pytest.mark.browser

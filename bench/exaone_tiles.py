@@ -1,0 +1,110 @@
+"""Reproduce DESIGN §1 on the full EXAONE 4.0 1.2B shape: 60 tiles / 960 MiB with repeat_kv, 0 folded.
+
+Builds both attention layouts at context 4096 with random weights (each in its own process, so
+the peak RSS printed is that build's), prints what the graph analysis finds, and exits non-zero
+if the tile counts are not the expected ones. Takes several minutes and ~10 GB of RAM per build.
+
+    python bench/exaone_tiles.py [--context 4096] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from decodebench.build import BuildReport, build_variant, load_report
+from decodebench.domain import Attention, VariantSpec
+from decodebench.presets import EXAONE_4_0_1_2B
+
+MIB = 1024**2
+GIB = 1024**3
+
+
+def expected_tiles(context: int) -> tuple[int, int]:
+    """Tile ops and their output bytes for repeat_kv: one K and one V tile per layer, fp16."""
+    config = EXAONE_4_0_1_2B
+    tile_bytes = config.num_attention_heads * context * config.head_dim * 2
+    return 2 * config.num_layers, 2 * config.num_layers * tile_bytes
+
+
+def build_in_child(attention: Attention, context: int, out_dir: Path) -> BuildReport:
+    command = [sys.executable, __file__, "--child", attention.value, "--context", str(context)]
+    started = time.perf_counter()
+    subprocess.run([*command, "--out", str(out_dir)], check=True)
+    print(
+        f"[{attention.value}] process wall time {time.perf_counter() - started:.1f} s", flush=True
+    )
+    return load_report(out_dir)
+
+
+def print_report(report: BuildReport) -> None:
+    analysis = report.analysis
+    moved = analysis.bytes_per_token
+    stages = ", ".join(f"{stage} {seconds:.1f}s" for stage, seconds in report.stage_seconds.items())
+    predictions = ", ".join(
+        f"{device} {tok_s:.2f} tok/s" for device, tok_s in analysis.predicted_tok_s().items()
+    )
+    print(f"== {report.variant.label} ({report.model}, {report.config.num_layers} layers)")
+    print(f"  tile ops           {analysis.tile_ops}")
+    print(f"  tile output        {analysis.tile_output_bytes / MIB:.1f} MiB")
+    print(
+        f"  state-write ops    {analysis.state_write_ops} (slice_update {analysis.slice_update_ops})"
+    )
+    print(f"  ops                {analysis.ops_total} ({analysis.non_const_ops} non-const)")
+    print(f"  weight bytes       {analysis.weight_bytes} ({analysis.weight_bytes / GIB:.3f} GiB)")
+    print(f"  state bytes        {analysis.state_bytes / MIB:.1f} MiB")
+    print(
+        f"  bytes per token    {moved.total / MIB:.1f} MiB = weights {moved.weights / MIB:.1f}"
+        f" + kv read {moved.kv_read / MIB:.1f} + kv write {moved.kv_write / 1024:.1f} KiB"
+        f" + redundant {moved.redundant / MIB:.1f}"
+    )
+    print(f"  predicted          {predictions}")
+    print(f"  stages             {stages}")
+    print(f"  peak RSS           {report.peak_rss_bytes / GIB:.2f} GiB")
+
+
+def check(reports: dict[Attention, BuildReport], context: int) -> bool:
+    tile_ops, tile_bytes = expected_tiles(context)
+    repeated = reports[Attention.repeat_kv].analysis
+    folded = reports[Attention.folded].analysis
+    checks = {
+        f"repeat_kv has {tile_ops} tiles": repeated.tile_ops == tile_ops,
+        f"repeat_kv tiles total {tile_bytes / MIB:.0f} MiB": repeated.tile_output_bytes
+        == tile_bytes,
+        "folded has 0 tiles": folded.tile_ops == 0 and folded.tile_output_bytes == 0,
+        "same weights in both": repeated.weight_bytes == folded.weight_bytes,
+    }
+    for description, passed in checks.items():
+        print(f"  [{'ok' if passed else 'FAIL'}] {description}")
+    return all(checks.values())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="EXAONE-shaped tile count, repeat_kv vs folded")
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--keep", type=Path, help="build here and keep the packages")
+    parser.add_argument("--child", choices=[a.value for a in Attention], help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        variant = VariantSpec(attention=Attention(args.child), context=args.context)
+        build_variant(EXAONE_4_0_1_2B.name, variant, args.out)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="exaone-tiles-") as scratch:
+        root = args.keep or Path(scratch)
+        reports = {}
+        for attention in (Attention.repeat_kv, Attention.folded):
+            reports[attention] = build_in_child(attention, args.context, root / attention.value)
+            print_report(reports[attention])
+        print("== checks")
+        return 0 if check(reports, args.context) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

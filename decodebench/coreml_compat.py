@@ -1,0 +1,70 @@
+"""Seams between torch 2.13 and coremltools 9.0 (tested by Apple up to torch 2.7).
+
+Each workaround is small, named after what it fixes, and covered by tests/test_coreml_compat.py.
+Delete one when the pinned versions no longer need it (the tests say when).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.frontend.torch.torch_op_registry import (
+    _TORCH_OPS_REGISTRY,
+    register_torch_op,
+)
+
+# torch 2.13 deprecates TorchScript tracing, but coremltools 9.0 converts stateful models
+# (KV cache as ct.StateType) most reliably from a TorchScript trace; the warning is noise for us
+# and would fail any run with warnings as errors.
+_TRACE_DEPRECATION = r"`torch\.jit\.trace(_method)?` is deprecated"
+
+
+def trace(
+    model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]
+) -> torch.jit.ScriptModule:
+    """``torch.jit.trace`` without torch 2.13's deprecation warning (and only that warning)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TRACE_DEPRECATION, category=DeprecationWarning)
+        return torch.jit.trace(model, example_inputs)
+
+
+def single_int(value: Any) -> int:
+    """The one element of a scalar or a size-1 array, as a Python int."""
+    array = np.asarray(value)
+    if array.size != 1:
+        raise ValueError(f"aten::Int needs a single element, got shape {array.shape}")
+    return int(array.reshape(-1)[0])
+
+
+_original_int_converter: Callable[[Any, Any], None] | None = None
+
+
+def _int(context: Any, node: Any) -> None:
+    # Traced shape arithmetic (`x.shape[-1] // 2`, `heads * n_rep`) reaches aten::Int as a
+    # rank-1 constant; coremltools 9.0 calls int() on that array, which NumPy deprecates
+    # (an error under warnings-as-errors, and in future NumPy). Take the single element instead.
+    value = context[node.inputs[0]]
+    if value.can_be_folded_to_const():
+        context.add(mb.const(val=single_int(value.val), name=node.name), node.name)
+        return
+    assert _original_int_converter is not None
+    _original_int_converter(context, node)
+
+
+def install() -> None:
+    """Apply every workaround to coremltools; idempotent, call before converting."""
+    global _original_int_converter
+    current = _TORCH_OPS_REGISTRY.get_func("int")
+    if current is _int:
+        return
+    _original_int_converter = current
+    register_torch_op(_int, torch_alias=["int"], override=True)
+
+
+def installed() -> bool:
+    return _TORCH_OPS_REGISTRY.get_func("int") is _int
