@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -244,7 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_toolchain() -> None:
+    """The CLI prints its own stages: drop coremltools' import chatter about the macOS-only
+    runtime and the pinned torch version, and its per-pass progress bars."""
+    logging.getLogger("coremltools").setLevel(logging.ERROR)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_toolchain()
     args = build_parser().parse_args(argv)
     if args.command == "submit" and not getattr(args, "spec", None):
         args.attention = args.attention or ["repeat_kv", "folded"]
