@@ -54,14 +54,22 @@ def _bearer(request: Request) -> str | None:
     return None
 
 
+def authenticated(request: Request, session: SessionDep) -> ApiToken:
+    """Any valid token; endpoints that serve every role (artifact downloads) use this alone."""
+    plain = _bearer(request)
+    if plain is None:
+        raise NotAuthenticated("missing bearer token (Authorization: Bearer <token>)")
+    token = lookup_token(session, plain)
+    if token is None:
+        raise NotAuthenticated("unknown or revoked token")
+    return token
+
+
+AnyToken = Annotated[ApiToken, Depends(authenticated)]
+
+
 def _require(kind: TokenKind):
-    def dependency(request: Request, session: SessionDep) -> ApiToken:
-        plain = _bearer(request)
-        if plain is None:
-            raise NotAuthenticated("missing bearer token (Authorization: Bearer <token>)")
-        token = lookup_token(session, plain)
-        if token is None:
-            raise NotAuthenticated("unknown or revoked token")
+    def dependency(token: AnyToken) -> ApiToken:
         if token.kind != kind.value:
             raise Forbidden(f"this endpoint needs a {kind.value} token, not a {token.kind} token")
         return token
@@ -72,17 +80,3 @@ def _require(kind: TokenKind):
 UserToken = Annotated[ApiToken, Depends(_require(TokenKind.user))]
 AgentToken = Annotated[ApiToken, Depends(_require(TokenKind.agent))]
 WorkerToken = Annotated[ApiToken, Depends(_require(TokenKind.worker))]
-
-
-def artifact_reader(request: Request, session: SessionDep) -> ApiToken:
-    """Artifacts are read by agents and workers, and by users who want to inspect a build."""
-    plain = _bearer(request)
-    if plain is None:
-        raise NotAuthenticated("missing bearer token (Authorization: Bearer <token>)")
-    token = lookup_token(session, plain)
-    if token is None:
-        raise NotAuthenticated("unknown or revoked token")
-    return token
-
-
-AnyToken = Annotated[ApiToken, Depends(artifact_reader)]

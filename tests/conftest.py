@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test")
-ADMIN_URL = os.environ.get("DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = os.environ.get(
+    "DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
 REDIS_URL = os.environ.get("DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -95,6 +97,22 @@ def table_counts() -> dict[str, int]:
 
     with get_engine().connect() as connection:
         return {
-            table.strip(): connection.execute(text(f"SELECT count(*) FROM {table.strip()}")).scalar_one()
+            table.strip(): connection.execute(
+                text(f"SELECT count(*) FROM {table.strip()}")
+            ).scalar_one()
             for table in TABLES.split(",")
         }
+
+
+@pytest.fixture
+def stack(db: None, tmp_path):
+    """The server as a real process on the test database, with tokens for every role."""
+    import redis
+    from stack import Stack
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
+    running.prepare()
+    running.start_server()
+    yield running
+    running.stop()

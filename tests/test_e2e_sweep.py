@@ -3,32 +3,24 @@
 from __future__ import annotations
 
 import pytest
-import redis
 from stack import Stack
 
 from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
-from tests.conftest import DATABASE_URL, REDIS_URL, table_counts
+from tests.conftest import table_counts
 
 pytestmark = pytest.mark.slow
 
 SWEEP = {
     "model": "tiny-gqa",
-    "variants": [{"attention": "repeat_kv", "context": 256}, {"attention": "folded", "context": 256}],
+    "variants": [
+        {"attention": "repeat_kv", "context": 256},
+        {"attention": "folded", "context": 256},
+    ],
     "devices": ["iphone-16-pro", "iphone-17-pro"],
     "prompts": 30,
     "decode_tokens": 16,
 }
-
-
-@pytest.fixture
-def stack(db, tmp_path):
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
-    running.prepare()
-    running.start_server()
-    yield running
-    running.stop()
 
 
 def test_sweep_completes_through_worker_and_agent(stack: Stack) -> None:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import redis
 from stack import Stack
-
-from tests.conftest import DATABASE_URL, REDIS_URL
 
 pytestmark = pytest.mark.browser
 
@@ -22,16 +19,6 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture
-def server(db, tmp_path):
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
-    running.prepare()
-    running.start_server()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
 def page():
     from playwright.sync_api import sync_playwright
 
@@ -43,10 +30,10 @@ def page():
             browser.close()
 
 
-def test_submit_a_sweep_through_the_form(server: Stack, page) -> None:
-    page.goto(f"{server.server_url}/sweeps/new")
+def test_submit_a_sweep_through_the_form(stack: Stack, page) -> None:
+    page.goto(f"{stack.server_url}/sweeps/new")
     assert page.url.endswith("/login")  # pages need a signed-in user
-    page.fill("input[name=token]", server.tokens["user"])
+    page.fill("input[name=token]", stack.tokens["user"])
     page.click("button[type=submit]")
     page.click("text=New sweep")
 
@@ -65,22 +52,22 @@ def test_submit_a_sweep_through_the_form(server: Stack, page) -> None:
     assert page.locator("#runs tbody tr").count() == 4
 
 
-def test_form_errors_name_the_field(server: Stack, page) -> None:
-    page.goto(f"{server.server_url}/login")
-    page.fill("input[name=token]", server.tokens["user"])
+def test_form_errors_name_the_field(stack: Stack, page) -> None:
+    page.goto(f"{stack.server_url}/login")
+    page.fill("input[name=token]", stack.tokens["user"])
     page.click("button[type=submit]")
-    page.goto(f"{server.server_url}/sweeps/new")
+    page.goto(f"{stack.server_url}/sweeps/new")
     page.fill("input[name=variant0_context]", "7")
     page.click("#sweep-form button[type=submit]")
     alert = page.inner_text("[role=alert]")
     assert "variants.0.context" in alert
     assert "greater than or equal to 64" in alert
-    page.goto(server.server_url)
+    page.goto(stack.server_url)
     assert "No sweeps yet." in page.inner_text("main")
 
 
-def test_wrong_token_is_refused(server: Stack, page) -> None:
-    page.goto(f"{server.server_url}/login")
+def test_wrong_token_is_refused(stack: Stack, page) -> None:
+    page.goto(f"{stack.server_url}/login")
     page.fill("input[name=token]", "not-a-token-of-ours")
     page.click("button[type=submit]")
     assert page.inner_text("[role=alert]") == "Unknown user token."
