@@ -16,4 +16,10 @@ def transport_options(broker_url: str) -> dict[str, object]:
         return {}
     folder = Path(os.environ.get("DECODEBENCH_BROKER_FOLDER", "var/broker")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    return {"data_folder_in": str(folder), "data_folder_out": str(folder)}
+    control = folder / "control"
+    control.mkdir(exist_ok=True)
+    return {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "control_folder": str(control),
+    }

@@ -15,9 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from stack import ROOT, Stack  # noqa: E402
+
 from decodebench.cli import format_comparison, wait_for_sweep  # noqa: E402
 from decodebench.client import DecodebenchClient  # noqa: E402
-from stack import ROOT, Stack  # noqa: E402
 
 DEMO_SWEEP = {
     "model": "tiny-gqa",
