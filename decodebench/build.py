@@ -1,8 +1,9 @@
-"""Build one variant end to end: torch model -> Core ML package -> graph analysis -> build.json.
+"""Build one variant end to end: model -> sensitivity -> Core ML package -> analysis -> build.json.
 
 The output directory holds ``model.mlpackage`` and ``build.json`` (a :class:`BuildReport`).
 Both are replaced atomically, so a crashed build never leaves a half-written artifact behind
-a valid-looking report.
+a valid-looking report. A build is keyed by (model identity, variant, toolchain): an identical
+request is answered from ``out_dir`` itself or from the :class:`~decodebench.buildcache.BuildCache`.
 """
 
 from __future__ import annotations
@@ -15,36 +16,64 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from decodebench.analysis import GraphAnalysis, analyze_mlpackage
-from decodebench.convert import DEFAULT_CONVERTER, Converter
-from decodebench.domain import Quant, VariantSpec, build_key
-from decodebench.modeling import build_model
+from decodebench.buildcache import (
+    PACKAGE_NAME,
+    REPORT_NAME,
+    BuildCache,
+    model_identity,
+    read_report,
+    request_key,
+)
+from decodebench.buildcache import toolchain_versions as _toolchain_versions
+from decodebench.domain import VariantSpec
 from decodebench.presets import ModelConfig, get_preset
+from decodebench.quant.recipe import TARGETS, parse_recipe
+from decodebench.quant.sensitivity import (
+    CALIBRATION_PROMPTS,
+    CALIBRATION_TOKENS,
+    SensitivityReport,
+)
 
-PACKAGE_NAME = "model.mlpackage"
-REPORT_NAME = "build.json"
+if TYPE_CHECKING:
+    from decodebench.convert import Converter
 
 ProgressCallback = Callable[[str, float], None]
 
-# Share of the whole build each stage takes (measured on EXAONE-sized builds, roughly), so the
-# progress fraction moves evenly.
+# Share of the whole build each stage takes (measured on EXAONE-sized top8 builds, roughly), so
+# the progress fraction moves evenly.
 STAGE_WEIGHTS: dict[str, float] = {
-    "build_model": 0.05,
-    "trace": 0.10,
-    "convert": 0.65,
-    "save": 0.15,
-    "analyse": 0.05,
+    "build_model": 0.06,
+    "load_weights": 0.06,
+    "sensitivity": 0.25,
+    "trace": 0.04,
+    "convert": 0.30,
+    "quantize": 0.15,
+    "save": 0.12,
+    "analyse": 0.02,
 }
 
 
 class BuildError(ValueError):
-    """The variant cannot be built with this toolchain."""
+    """The variant cannot be built with this toolchain (the message names the field)."""
+
+
+class QuantSummary(BaseModel):
+    """What quantization did, and why: each weight's scheme, promoted layers, their ranking."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str
+    schemes: dict[str, str] = Field(description="Target -> scheme before promotion")
+    promoted_layers: list[int]
+    constexpr_ops: dict[str, int] = Field(description="Compressed op type -> count")
+    weights: dict[str, str] = Field(description="Parameter name -> scheme it was stored with")
+    sensitivity: SensitivityReport | None = None
 
 
 class BuildReport(BaseModel):
@@ -59,6 +88,13 @@ class BuildReport(BaseModel):
     peak_rss_bytes: int
     package: str
     analysis: GraphAnalysis
+    # Added with builds-as-a-service; defaults keep older build.json files readable.
+    model_identity: str = ""
+    weights_path: str | None = None
+    functions: list[str] = Field(default_factory=lambda: ["main"])
+    quant: QuantSummary | None = None
+    wall_seconds: float = 0.0
+    cache_hit: bool = False
 
 
 class StageClock:
@@ -73,6 +109,10 @@ class StageClock:
         if self._progress is not None:
             self._progress(name, min(1.0, round(fraction, 4)))
 
+    def within(self, name: str, fraction: float) -> None:
+        """Progress inside a running stage (``fraction`` of that stage done)."""
+        self._report(name, self._done + STAGE_WEIGHTS.get(name, 0.0) * fraction)
+
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         self._report(name, self._done)
@@ -80,18 +120,18 @@ class StageClock:
         try:
             yield
         finally:
-            self.seconds[name] = round(time.perf_counter() - started, 3)
+            # A stage may run more than once (one conversion per function): times add up.
+            elapsed = time.perf_counter() - started
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
         self._done += STAGE_WEIGHTS.get(name, 0.0)
         self._report(name, self._done)
 
 
-def toolchain_versions(converter: Converter = DEFAULT_CONVERTER) -> dict[str, str]:
+def toolchain_versions(converter: Converter | None = None) -> dict[str, str]:
     """What makes an artifact reproducible: our own version plus the converter's."""
-    try:
-        own_version = metadata.version("decodebench")
-    except metadata.PackageNotFoundError:
-        own_version = "unknown"
-    return {"decodebench": own_version, **converter.versions()}
+    if converter is None:
+        return _toolchain_versions()
+    return {"decodebench": _toolchain_versions()["decodebench"], **converter.versions()}
 
 
 def peak_rss_bytes() -> int:
@@ -105,6 +145,16 @@ def resolve_config(model: str, variant: VariantSpec) -> ModelConfig:
     if variant.layers is not None:
         config = config.model_copy(update={"num_layers": variant.layers})
     return config
+
+
+def validate_for_config(variant: VariantSpec, config: ModelConfig) -> None:
+    """What only the model can tell: raises :class:`BuildError` naming the field."""
+    recipe = parse_recipe(variant.quant)
+    if recipe.promote_top > config.num_layers:
+        raise BuildError(
+            f"quant: top{recipe.promote_top} promotes more layers than the model's "
+            f"{config.num_layers}"
+        )
 
 
 def _replace_directory(source: Path, target: Path) -> None:
@@ -124,38 +174,145 @@ def build_variant(
     variant: VariantSpec,
     out_dir: Path,
     progress: ProgressCallback | None = None,
-    converter: Converter = DEFAULT_CONVERTER,
+    converter: Converter | None = None,
+    *,
+    weights: Path | None = None,
+    cache: BuildCache | None = None,
 ) -> BuildReport:
-    """Build, convert, save and analyse one variant into ``out_dir``; returns the report."""
-    if variant.quant != Quant.fp16:
-        raise BuildError(f"quantization {variant.quant.value!r} is not supported yet")
-    config = resolve_config(model, variant)
-    toolchain = toolchain_versions(converter)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    clock = StageClock(progress)
+    """Build, convert, quantize, save and analyse one variant into ``out_dir``.
 
-    with clock.stage("build_model"):
-        # fp16 from the start: the package stores fp16 anyway, and the EXAONE shape in fp32
-        # would need twice the memory for nothing (weights are drawn in fp32, rounded once).
-        torch_model = build_model(config, variant.context, variant.attention, torch.float16)
-    mlmodel = converter.convert(torch_model, config, variant, clock)
-    del torch_model  # the package holds the weights now; free the torch copy before saving
+    ``model`` is a preset name, or a label when ``weights`` names a Hugging Face folder. With a
+    ``cache``, an identical earlier build is restored instead (``report.cache_hit``).
+    """
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fingerprint = None
+    if weights is not None:
+        from decodebench.weights import fingerprint as weights_fingerprint
+
+        memo = (cache.root if cache else out_dir) / "fingerprints.json"
+        fingerprint = weights_fingerprint(weights, memo)
+    identity = model_identity(model, fingerprint)
+    toolchain = toolchain_versions(converter)
+    key = request_key(identity, variant, toolchain)
+
+    existing = read_report(out_dir)
+    if existing is not None and existing.get("key") == key:
+        return _hit(existing, started)
+    if cache is not None:
+        restored = cache.restore(key, out_dir)
+        if restored is not None:
+            return _hit(restored, started)
+
+    report = _build(model, identity, key, variant, out_dir, progress, converter, weights, toolchain)
+    if progress is not None:
+        progress("done", 1.0)
+    report.wall_seconds = round(time.perf_counter() - started, 3)
+    _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
+    if cache is not None:
+        cache.store(key, out_dir)
+    return report
+
+
+def _hit(raw: dict[str, object], started: float) -> BuildReport:
+    report = BuildReport.model_validate(raw)
+    report.cache_hit = True
+    report.wall_seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _build(
+    model: str,
+    identity: str,
+    key: str,
+    variant: VariantSpec,
+    out_dir: Path,
+    progress: ProgressCallback | None,
+    converter: Converter | None,
+    weights: Path | None,
+    toolchain: dict[str, str],
+) -> BuildReport:
+    import torch
+
+    from decodebench.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION
+    from decodebench.modeling import build_model
+    from decodebench.quant.apply import QuantPlan
+    from decodebench.quant.sensitivity import measure, promoted_layers, rank
+
+    converter = converter or DEFAULT_CONVERTER
+    clock = StageClock(progress)
+    recipe = parse_recipe(variant.quant)
+    # fp16 from the start: the package stores fp16 anyway, and the EXAONE shape in fp32
+    # would need twice the memory for nothing.
+    if weights is not None:
+        from decodebench.weights import load_checkpoint
+
+        with clock.stage("load_weights"):
+            config, tensors = load_checkpoint(weights, torch.float16, variant.layers)
+            torch_model = build_model(
+                config, variant.context, variant.attention, torch.float16, variant.kv,
+                weights=tensors,
+            )  # fmt: skip
+            del tensors
+    else:
+        config = resolve_config(model, variant)
+        with clock.stage("build_model"):
+            torch_model = build_model(
+                config, variant.context, variant.attention, torch.float16, variant.kv
+            )
+    validate_for_config(variant, config)
+
+    plan = QuantPlan(recipe, config.tie_word_embeddings)
+    sensitivity = None
+    if recipe.needs_sensitivity:
+        with clock.stage("sensitivity"):
+            measured_at = time.perf_counter()
+            ranking = rank(
+                measure(torch_model, plan, progress=lambda f: clock.within("sensitivity", f))
+            )
+            plan.promoted = promoted_layers(recipe, ranking)
+            sensitivity = SensitivityReport(
+                schemes={"attn": recipe.attn.text, "ffn": recipe.ffn.text},
+                calibration="builtin prompts, pseudo-tokenized",
+                tokens=CALIBRATION_PROMPTS * CALIBRATION_TOKENS,
+                ranking=ranking,
+                promoted=sorted(plan.promoted),
+                seconds=round(time.perf_counter() - measured_at, 3),
+            )
+
+    functions = {"main": torch_model}
+    if variant.prefill_chunk is not None:
+        functions[PREFILL_FUNCTION] = torch_model.sibling(variant.prefill_chunk)
+    parameter_names = [name for name, _ in torch_model.named_parameters()]
 
     package = out_dir / PACKAGE_NAME
-    with clock.stage("save"):
-        # A report from an earlier build must not describe the package about to replace it.
-        (out_dir / REPORT_NAME).unlink(missing_ok=True)
-        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".saving-") as staging:
-            staged = Path(staging) / PACKAGE_NAME
-            converter.save(mlmodel, staged)
-            _replace_directory(staged, package)
-    del mlmodel
+    # A report from an earlier build must not describe the package about to replace it.
+    (out_dir / REPORT_NAME).unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".building-") as staging:
+        staged = Path(staging) / PACKAGE_NAME
+        rewritten = converter.build_package(functions, config, variant, staged, plan, clock)
+        del functions, torch_model
+        plan._cache.clear()
+        _replace_directory(staged, package)
 
     with clock.stage("analyse"):
         analysis = analyze_mlpackage(package)
 
-    report = BuildReport(
-        key=build_key(model, variant, toolchain),
+    quant = None
+    if not recipe.is_fp16:
+        constexpr_ops: dict[str, int] = {}
+        for op_type in rewritten.values():
+            constexpr_ops[op_type] = constexpr_ops.get(op_type, 0) + 1
+        quant = QuantSummary(
+            recipe=recipe.canonical,
+            schemes={target: recipe.scheme(target).text for target in TARGETS},
+            promoted_layers=sorted(plan.promoted),
+            constexpr_ops=constexpr_ops,
+            weights={choice.name: choice.scheme for choice in plan.choices(parameter_names)},
+            sensitivity=sensitivity,
+        )
+    return BuildReport(
+        key=key,
         model=model,
         variant=variant,
         config=config,
@@ -164,9 +321,11 @@ def build_variant(
         peak_rss_bytes=peak_rss_bytes(),
         package=PACKAGE_NAME,
         analysis=analysis,
+        model_identity=identity,
+        weights_path=str(weights) if weights is not None else None,
+        functions=analysis.functions,
+        quant=quant,
     )
-    _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
-    return report
 
 
 def load_report(out_dir: Path) -> BuildReport:

@@ -1,18 +1,33 @@
-"""Convert a decode-step model to Core ML, behind a small interface so a backend can be added.
+"""Convert decode-step models to Core ML, behind a small interface so a backend can be added.
 
 Today's backend is coremltools (TorchScript trace -> MIL -> ``.mlpackage``): an ML program for
-iOS 18 with fp16 compute and the KV cache as Core ML states. The converted model's interface:
+iOS 18 with fp16 compute. The converted interface is :mod:`decodebench.modeling`'s: inputs
+``input_ids``, ``position``, ``causal_mask`` (decode only), the caches with ``kv="input"``;
+outputs ``logits`` (then ``key_{i}``/``value_{i}`` with ``kv="input"``); states
+``key_cache_{i}``/``value_cache_{i}`` [1, Hkv, context, head_dim] fp16 with ``kv="state"``.
+With a prefill chunk the package is multifunction: ``main`` (decode, the default) and
+``prefill``, sharing one copy of the weights.
 
-- inputs ``input_ids`` [1, 1] int32, ``position`` [1] int32, ``causal_mask`` [1, 1, 1, context]
-  fp16 (see :mod:`decodebench.modeling`);
-- output ``logits`` [1, 1, vocab] fp16;
-- states ``key_cache_{i}`` / ``value_cache_{i}`` [1, Hkv, context, head_dim] fp16.
+The pipeline is coremltools' own, with what costs time and changes nothing removed (each measured
+on the full EXAONE shape, see ``bench/build_exaone.py``; ``tests/test_convert.py`` proves the
+result identical to plain ``ct.convert`` + ``ct.optimize.coreml``):
+
+- the trace is not re-run twice to check itself (``check_trace``), ~10 s;
+- the MIL passes run without re-validating the whole program after each of ~100 passes (~8 s;
+  validated once at the end), and without ``reduce_transposes`` (~9 s; it finds nothing to do in
+  these decoders, which the equivalence test checks);
+- quantization rewrites the MIL program before it is serialized (``decodebench.quant.apply``),
+  instead of saving fp16, reloading, compressing and converting again;
+- the weights are serialized straight into the package: no temporary package, no copies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -20,11 +35,25 @@ from typing import Protocol
 import coremltools as ct
 import numpy as np
 import torch
+from coremltools.converters.mil.converter import MILProtoBackend
+from coremltools.converters.mil.mil import Program
+from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline
+from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from decodebench import coreml_compat
-from decodebench.domain import VariantSpec
-from decodebench.modeling import DecodeStepModel, step_inputs
+from decodebench.domain import KVCache, VariantSpec
+from decodebench.modeling import DecodeStepModel, example_inputs
 from decodebench.presets import ModelConfig
+from decodebench.quant.apply import QuantPlan, apply_plan
+
+DECODE_FUNCTION = "main"
+PREFILL_FUNCTION = "prefill"
+# Measured to change nothing in these decoders (tests/test_convert.py keeps that true) and slow.
+SKIPPED_PASSES = frozenset({"common::reduce_transposes"})
+_WEIGHTS_DIR = "weights"
+_SPEC_AUTHOR = "com.apple.CoreML"
+
+log = logging.getLogger(__name__)
 
 
 class StageRecorder(Protocol):
@@ -58,6 +87,18 @@ class Converter(Protocol):
         """Write the artifact to ``path`` and release whatever the backend kept elsewhere."""
         ...
 
+    def build_package(
+        self,
+        functions: dict[str, DecodeStepModel],
+        config: ModelConfig,
+        variant: VariantSpec,
+        path: Path,
+        plan: QuantPlan | None = None,
+        stages: StageRecorder | None = None,
+    ) -> dict[str, str]:
+        """Convert (and quantize) straight into the package at ``path``; {const: constexpr op}."""
+        ...
+
 
 class ConversionError(ValueError):
     """The model and the variant disagree, or the backend refused the graph."""
@@ -69,6 +110,74 @@ class CoreMLToolsConverter:
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "coremltools": ct.__version__}
 
+    def to_program(
+        self,
+        model: DecodeStepModel,
+        config: ModelConfig,
+        variant: VariantSpec,
+        stages: StageRecorder | None = None,
+    ) -> Program:
+        """Trace and convert one function to a MIL program, every main pass applied."""
+        stages = stages or _NoStages()
+        _check_matches(model, config, variant)
+        coreml_compat.install()
+        with stages.stage("trace"):
+            # Tracing runs one real call, which writes the cache; reset so the module is left
+            # as it was handed to us.
+            traced = coreml_compat.trace(model, example_inputs(model), check_trace=False)
+            model.reset_cache()
+        with stages.stage("convert"):
+            program = ct.convert(
+                traced,
+                inputs=_input_types(model),
+                outputs=_output_types(model),
+                states=_state_types(model),
+                convert_to="milinternal",
+                minimum_deployment_target=ct.target.iOS18,
+                compute_precision=ct.precision.FLOAT16,
+                pass_pipeline=main_pipeline(),
+            )
+            del traced
+        return program
+
+    def build_package(
+        self,
+        functions: dict[str, DecodeStepModel],
+        config: ModelConfig,
+        variant: VariantSpec,
+        path: Path,
+        plan: QuantPlan | None = None,
+        stages: StageRecorder | None = None,
+    ) -> dict[str, str]:
+        stages = stages or _NoStages()
+        if set(functions) - {DECODE_FUNCTION, PREFILL_FUNCTION} or DECODE_FUNCTION not in functions:
+            raise ConversionError(f"functions must be {DECODE_FUNCTION} [+ {PREFILL_FUNCTION}]")
+        if len(functions) == 1:
+            program = self.to_program(functions[DECODE_FUNCTION], config, variant, stages)
+            rewritten = _quantize(program, plan, stages)
+            with stages.stage("save"):
+                write_package(program, path)
+            return rewritten
+        # Multifunction: each function converted and saved alone, then merged by coremltools,
+        # which deduplicates the (identically quantized) weights across functions.
+        rewritten = {}
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".functions-") as scratch:
+            parts: dict[str, Path] = {}
+            for name, model in functions.items():
+                program = self.to_program(model, config, variant, stages)
+                rewritten.update(_quantize(program, plan, stages))
+                parts[name] = Path(scratch) / f"{name}.mlpackage"
+                with stages.stage("save"):
+                    write_package(program, parts[name])
+                del program
+            with stages.stage("save"):
+                descriptor = ct.utils.MultiFunctionDescriptor()
+                for name, part in parts.items():
+                    descriptor.add_function(str(part), "main", name)
+                descriptor.default_function_name = DECODE_FUNCTION
+                ct.utils.save_multifunction(descriptor, str(path))
+        return rewritten
+
     def convert(
         self,
         model: DecodeStepModel,
@@ -76,33 +185,90 @@ class CoreMLToolsConverter:
         variant: VariantSpec,
         stages: StageRecorder | None = None,
     ) -> ct.models.MLModel:
-        stages = stages or _NoStages()
-        _check_matches(model, config, variant)
-        coreml_compat.install()
-        with stages.stage("trace"):
-            # Tracing runs one real step, which writes position 0 of the cache; reset so the
-            # module is left as it was handed to us.
-            traced = coreml_compat.trace(model, step_inputs(0, 0, model.context, model.dtype))
-            model.reset_cache()
-        with stages.stage("convert"):
-            return ct.convert(
-                traced,
-                inputs=_input_types(model),
-                outputs=[ct.TensorType(name="logits", dtype=np.float16)],
-                states=_state_types(model),
-                convert_to="mlprogram",
-                minimum_deployment_target=ct.target.iOS18,
-                compute_precision=ct.precision.FLOAT16,
-                # Linux cannot load Core ML models; a device compiles the package itself.
-                skip_model_load=True,
-            )
+        """One function as an ``MLModel`` in a temporary package (moved by :meth:`save`)."""
+        program = self.to_program(model, config, variant, stages)
+        package = Path(tempfile.mkdtemp(suffix=".mlpackage"))
+        package.rmdir()
+        write_package(program, package)
+        return ct.models.MLModel(str(package), skip_model_load=True, is_temp_package=True)
 
     def save(self, converted: ct.models.MLModel, path: Path) -> None:
+        source = Path(converted.package_path) if converted.package_path else None
+        if source is not None and converted.is_temp_package and source.is_dir():
+            # Our own temporary package: move it (a rename on one filesystem), never copy GBs.
+            shutil.move(str(source), str(path))
+            return
         converted.save(str(path))
         # ct.convert writes the package to a temporary directory that coremltools deletes only
         # at interpreter exit: a long-lived build worker would keep gigabytes per build in /tmp.
         if converted.is_temp_package and converted.package_path:
             shutil.rmtree(converted.package_path, ignore_errors=True)
+
+
+def main_pipeline() -> PassPipeline:
+    pipeline = PassPipeline.DEFAULT
+    pipeline.remove_passes(SKIPPED_PASSES)
+    return pipeline
+
+
+def run_passes(program: Program, pipeline: PassPipeline, validate: bool = True) -> None:
+    """Apply ``pipeline``'s passes in order, validating the program once at the end.
+
+    ``PassPipelineManager`` re-validates the whole program after every pass, which costs more
+    than most passes themselves on a 1B-parameter decoder; the passes do not depend on it.
+    """
+    for pass_name in pipeline.passes:
+        graph_pass = PASS_REGISTRY[pass_name]
+        graph_pass.set_options(pipeline.get_options(pass_name))
+        graph_pass(program)
+    if validate:
+        program.validate(check_essential_scope=True)
+
+
+def _quantize(program: Program, plan: QuantPlan | None, stages: StageRecorder) -> dict[str, str]:
+    if plan is None or plan.recipe.is_fp16:
+        return {}
+    with stages.stage("quantize"):
+        rewritten = apply_plan(program, plan)
+        # What ct.optimize.coreml's conversion would run next; finds nothing but keeps parity.
+        run_passes(program, PassPipeline.CLEANUP)
+    return rewritten
+
+
+def write_package(program: Program, path: Path) -> None:
+    """Serialize ``program`` into a new ``.mlpackage`` at ``path``, weights written in place."""
+    from coremltools.libmodelpackage import ModelPackage
+
+    if path.exists():
+        raise FileExistsError(f"{path} exists")
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    weights = staging / _WEIGHTS_DIR
+    weights.mkdir(parents=True)
+    try:
+        run_passes(program, PassPipeline.get_pipeline("backend_mlprogram"), validate=False)
+        spec = MILProtoBackend()(
+            program,
+            weights_dir=str(weights),
+            specification_version=ct.target.iOS18.value,
+            convert_from="milinternal",
+            convert_to="mlprogram",
+        )
+        spec_file = staging / "model.mlmodel"
+        spec_file.write_bytes(spec.SerializeToString())
+        empty = staging / "empty-weights"
+        empty.mkdir()
+        package = ModelPackage(str(path))
+        package.setRootModel(
+            str(spec_file), "model.mlmodel", _SPEC_AUTHOR, "CoreML Model Specification"
+        )
+        # Registered empty (an instant copy), then filled by a rename: no multi-GB copy.
+        item = package.addItem(str(empty), _WEIGHTS_DIR, _SPEC_AUTHOR, "CoreML Model Weights")
+        target = Path(path) / "Data" / _SPEC_AUTHOR / _WEIGHTS_DIR
+        del item, package
+        for blob in weights.iterdir():
+            blob.rename(target / blob.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _check_matches(model: DecodeStepModel, config: ModelConfig, variant: VariantSpec) -> None:
@@ -121,23 +287,51 @@ def _check_matches(model: DecodeStepModel, config: ModelConfig, variant: Variant
             f"model uses {model.attention.value} attention but the variant asks for "
             f"{variant.attention.value}"
         )
+    if model.kv != variant.kv:
+        raise ConversionError(
+            f"model keeps its KV cache as {model.kv.value} but the variant asks for "
+            f"{variant.kv.value}"
+        )
+
+
+def _cache_shape(model: DecodeStepModel) -> tuple[int, ...]:
+    config = model.config
+    return (1, config.num_key_value_heads, model.context, config.head_dim)
 
 
 def _input_types(model: DecodeStepModel) -> list[ct.TensorType]:
-    # Names must match the traced forward's argument order: input_ids, position, causal_mask.
-    return [
-        ct.TensorType(name="input_ids", shape=(1, 1), dtype=np.int32),
+    # Names must match the traced forward's argument order.
+    length = model.query_length
+    types = [
+        ct.TensorType(name="input_ids", shape=(1, length), dtype=np.int32),
         ct.TensorType(name="position", shape=(1,), dtype=np.int32),
-        ct.TensorType(name="causal_mask", shape=(1, 1, 1, model.context), dtype=np.float16),
     ]
+    if length == 1:
+        types.append(
+            ct.TensorType(name="causal_mask", shape=(1, 1, 1, model.context), dtype=np.float16)
+        )
+    if model.kv == KVCache.input:
+        types += [
+            ct.TensorType(name=name, shape=_cache_shape(model), dtype=np.float16)
+            for name in model.cache_names()
+        ]
+    return types
+
+
+def _output_types(model: DecodeStepModel) -> list[ct.TensorType]:
+    outputs = [ct.TensorType(name="logits", dtype=np.float16)]
+    if model.kv == KVCache.input:
+        outputs += [ct.TensorType(name=name, dtype=np.float16) for name in model.new_kv_names()]
+    return outputs
 
 
 def _state_types(model: DecodeStepModel) -> list[ct.StateType]:
+    if model.kv != KVCache.state:
+        return []
     # Core ML states are fp16 only; the names tie each state to its torch buffer.
     return [
         ct.StateType(
-            wrapped_type=ct.TensorType(shape=tuple(getattr(model, name).shape), dtype=np.float16),
-            name=name,
+            wrapped_type=ct.TensorType(shape=_cache_shape(model), dtype=np.float16), name=name
         )
         for name in model.cache_names()
     ]

@@ -25,12 +25,16 @@ _TRACE_DEPRECATION = r"`torch\.jit\.trace(_method)?` is deprecated"
 
 
 def trace(
-    model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...]
+    model: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], check_trace: bool = True
 ) -> torch.jit.ScriptModule:
-    """``torch.jit.trace`` without torch 2.13's deprecation warning (and only that warning)."""
+    """``torch.jit.trace`` without torch 2.13's deprecation warning (and only that warning).
+
+    ``check_trace=False`` skips re-running the model twice to compare (10+ s on EXAONE); our
+    forward has no data-dependent control flow for the check to catch.
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_TRACE_DEPRECATION, category=DeprecationWarning)
-        return torch.jit.trace(model, example_inputs)
+        return torch.jit.trace(model, example_inputs, check_trace=check_trace)
 
 
 def single_int(value: Any) -> int:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from decodebench.presets import PRESETS
 from decodebench.profiles import DEVICE_PROFILES
+from decodebench.quant.recipe import RecipeError, parse_recipe
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -20,8 +21,25 @@ class Attention(StrEnum):
     folded = "folded"
 
 
+class KVCache(StrEnum):
+    state = "state"  # Core ML state, written in the graph (slice_update + state write)
+    input = "input"  # a model input; the host writes the new token's K/V (outputs) itself
+
+
 class Quant(StrEnum):
+    """The named recipe presets (``topK`` for any K is one too; see decodebench.quant.recipe)."""
+
     fp16 = "fp16"
+    w8 = "w8"
+    w4 = "w4"
+    base = "base"
+
+
+MAX_PREFILL_CHUNK = 512
+
+# Axes added after builds were first keyed: left out of the identity while at their default, so
+# every build keyed before they existed keeps its key (and its artifact).
+_LATER_AXES_DEFAULTS: dict[str, object] = {"kv": "state", "prefill_chunk": None}
 
 
 class VariantSpec(BaseModel):
@@ -33,11 +51,25 @@ class VariantSpec(BaseModel):
         default=None, description="Label shown in comparisons; derived from the axes when omitted"
     )
     attention: Attention = Attention.folded
+    kv: KVCache = Field(
+        default=KVCache.state,
+        description="state: KV cache is Core ML state; input: host-owned cache passed in",
+    )
     context: int = Field(default=512, ge=64, le=8192, description="KV-cache length in tokens")
+    prefill_chunk: int | None = Field(
+        default=None,
+        ge=2,
+        le=MAX_PREFILL_CHUNK,
+        description="Query length of a prefill function next to decode; none when omitted",
+    )
     layers: int | None = Field(
         default=None, ge=1, le=128, description="Override the preset's decoder layer count"
     )
-    quant: Quant = Quant.fp16
+    quant: str = Field(
+        default="fp16",
+        max_length=200,
+        description="Quantization recipe: fp16, w8, w4, base, topK or rules (see decodebench.quant)",
+    )
 
     @field_validator("name")
     @classmethod
@@ -46,18 +78,47 @@ class VariantSpec(BaseModel):
             raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
         return value
 
+    @field_validator("quant", mode="before")
+    @classmethod
+    def _quant_is_a_recipe(cls, value: object) -> object:
+        # One spelling per recipe, so "top08" and "base,top8"-style variants share a build key.
+        if isinstance(value, StrEnum):
+            value = value.value
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_recipe(value).canonical
+        except RecipeError as error:
+            raise ValueError(str(error)) from None
+
+    @model_validator(mode="after")
+    def _chunk_fits_context(self) -> VariantSpec:
+        if self.prefill_chunk is not None and self.prefill_chunk > self.context:
+            raise ValueError(
+                f"prefill_chunk ({self.prefill_chunk}) must not exceed context ({self.context})"
+            )
+        return self
+
     @property
     def label(self) -> str:
         if self.name:
             return self.name
-        parts = [self.attention.value, f"ctx{self.context}", self.quant.value]
+        parts = [self.attention.value, f"ctx{self.context}", self.quant]
+        if self.kv != KVCache.state:
+            parts.append(f"kv{self.kv.value}")
+        if self.prefill_chunk is not None:
+            parts.append(f"pf{self.prefill_chunk}")
         if self.layers is not None:
             parts.append(f"L{self.layers}")
         return "-".join(parts)
 
     def graph_identity(self) -> dict[str, object]:
         """The axes that change the artifact (the label does not)."""
-        return self.model_dump(mode="json", exclude={"name"})
+        identity = self.model_dump(mode="json", exclude={"name"})
+        for axis, default in _LATER_AXES_DEFAULTS.items():
+            if identity.get(axis) == default:
+                del identity[axis]
+        return identity
 
 
 class SweepSpec(BaseModel):

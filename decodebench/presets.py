@@ -1,8 +1,37 @@
-"""Model presets: real decoder shapes, built from a config with seeded random weights."""
+"""Model presets: real decoder shapes, built from a config with seeded random weights.
+
+A :class:`ModelConfig` carries every detail of a family that changes the converted graph or its
+numbers: the head layout (GQA), QK-norm and post-norm (EXAONE 4), q/k/v biases (Qwen2), RoPE
+theta and scaling (Llama 3), tied embeddings. Real checkpoints map onto the same type
+(:mod:`decodebench.weights`).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Family = Literal["llama", "qwen2", "exaone4"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4")
+
+
+class RopeScaling(BaseModel):
+    """Llama 3 style frequency scaling (``rope_type: llama3`` in a Hugging Face config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_position_embeddings: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered_factors(self) -> RopeScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError("high_freq_factor must be greater than low_freq_factor")
+        return self
 
 
 class ModelConfig(BaseModel):
@@ -11,7 +40,7 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    family: str = Field(description="Architecture family: llama, qwen2 or exaone4")
+    family: Family = Field(description="Architecture family: llama, qwen2 or exaone4")
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=8)
     intermediate_size: int = Field(ge=8)
@@ -21,12 +50,40 @@ class ModelConfig(BaseModel):
     head_dim: int = Field(ge=2)
     tie_word_embeddings: bool = True
     rope_theta: float = 1_000_000.0
+    rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-5
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_group(self) -> ModelConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        return self
 
     @property
     def group_size(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    # What each family does differently, in one place (the modeling code asks these).
+    @property
+    def qkv_bias(self) -> bool:
+        """Qwen2 has biases on q, k and v (not on o)."""
+        return self.family == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """EXAONE 4 RMS-normalises every query and key head before RoPE."""
+        return self.family == "exaone4"
+
+    @property
+    def post_norm(self) -> bool:
+        """EXAONE 4 normalises each sub-block's output instead of its input."""
+        return self.family == "exaone4"
 
 
 EXAONE_4_0_1_2B = ModelConfig(
@@ -40,6 +97,43 @@ EXAONE_4_0_1_2B = ModelConfig(
     num_key_value_heads=8,
     head_dim=64,
     tie_word_embeddings=True,
+)
+
+LLAMA_3_2_1B = ModelConfig(
+    name="llama-3.2-1b",
+    family="llama",
+    num_layers=16,
+    hidden_size=2048,
+    intermediate_size=8192,
+    vocab_size=128256,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    tie_word_embeddings=True,
+    rope_theta=500_000.0,
+    rope_scaling=RopeScaling(
+        factor=32.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    ),
+    rms_norm_eps=1e-5,
+)
+
+# 14 query heads over 2 KV heads: G = 7, the odd group size that catches head-mapping bugs.
+QWEN_2_5_0_5B = ModelConfig(
+    name="qwen2.5-0.5b",
+    family="qwen2",
+    num_layers=24,
+    hidden_size=896,
+    intermediate_size=4864,
+    vocab_size=151936,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    head_dim=64,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
 )
 
 # Same head layout as EXAONE 4.0 (32 q heads over 8 KV heads, head_dim 64, G = 4), but only a
@@ -57,7 +151,51 @@ TINY_GQA = ModelConfig(
     tie_word_embeddings=True,
 )
 
-PRESETS: dict[str, ModelConfig] = {preset.name: preset for preset in (EXAONE_4_0_1_2B, TINY_GQA)}
+
+def _tiny(full: ModelConfig, name: str, **changes: object) -> ModelConfig:
+    """A few narrow layers of ``full``: same family details, same head grouping."""
+    shape: dict[str, object] = {
+        "name": name,
+        "num_layers": 2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "vocab_size": 512,
+        "head_dim": 16,
+    }
+    shape.update(changes)
+    return full.model_copy(update=shape)
+
+
+TINY_EXAONE = _tiny(EXAONE_4_0_1_2B, "tiny-exaone", num_attention_heads=8, num_key_value_heads=2)
+TINY_LLAMA = _tiny(
+    LLAMA_3_2_1B,
+    "tiny-llama",
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    # Scale the original context down with the model, so the smoothed band of the Llama 3
+    # frequency scaling falls inside head_dim 16's frequencies and the test exercises it.
+    rope_theta=10_000.0,
+    rope_scaling=RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+    ),
+    # Llama 3.2 1B ties its embeddings; the tiny one does not, so an lm_head of its own is
+    # covered too (Llama 3.1 8B and most fine-tunes untie them).
+    tie_word_embeddings=False,
+)
+TINY_QWEN = _tiny(QWEN_2_5_0_5B, "tiny-qwen", head_dim=16)
+
+PRESETS: dict[str, ModelConfig] = {
+    preset.name: preset
+    for preset in (
+        EXAONE_4_0_1_2B,
+        LLAMA_3_2_1B,
+        QWEN_2_5_0_5B,
+        TINY_GQA,
+        TINY_EXAONE,
+        TINY_LLAMA,
+        TINY_QWEN,
+    )
+}
 
 
 def get_preset(name: str) -> ModelConfig:

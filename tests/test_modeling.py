@@ -120,64 +120,27 @@ def test_causal_mask_and_decode_limits() -> None:
         greedy_decode(model, PROMPT, CONTEXT)
 
 
-def _hf_logits(
-    model_class: type, hf_config: object, state: dict, tokens: list[int]
-) -> torch.Tensor:
-    reference = model_class(hf_config).eval()
-    missing, unexpected = reference.load_state_dict(state, strict=False)
-    assert unexpected == []
-    assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    with torch.no_grad():
-        return reference(torch.tensor([tokens])).logits[0]
+def test_weights_depend_on_seed_and_name_only() -> None:
+    # A parameter's values do not move when the model around it changes shape.
+    two_layers = build_model(TINY_GQA, CONTEXT)
+    one_layer = build_model(TINY_GQA.model_copy(update={"num_layers": 1}), CONTEXT)
+    for name, parameter in one_layer.named_parameters():
+        assert torch.equal(parameter, two_layers.get_parameter(name)), name
 
 
-def test_exaone4_matches_transformers() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = TINY_GQA
-    model = build_model(config, CONTEXT)
-    generated, logits = greedy_decode(model, PROMPT, 6)
-    hf_config = transformers.Exaone4Config(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        rms_norm_eps=config.rms_norm_eps,
-        tie_word_embeddings=True,
-        # EXAONE 4.0 1.2B uses global attention with RoPE in every layer. transformers 5.24
-        # divides by zero deriving layer_types when sliding_window is None, so pass them.
-        sliding_window=None,
-        layer_types=["full_attention"] * config.num_layers,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        max_position_embeddings=CONTEXT,
-    )
-    expected = _hf_logits(
-        transformers.Exaone4ForCausalLM, hf_config, model.state_dict(), PROMPT + generated[:-1]
-    )
-    torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-4, atol=1e-4)
+def test_sibling_shares_weights_and_state() -> None:
+    decode = build_model(TINY_GQA, CONTEXT)
+    prefill = decode.sibling(4)
+    assert prefill.query_length == 4
+    for (name, left), (_, right) in zip(
+        decode.named_parameters(), prefill.named_parameters(), strict=True
+    ):
+        assert left.data_ptr() == right.data_ptr(), name
+    assert decode.caches(0)[0].data_ptr() == prefill.caches(0)[0].data_ptr()
 
 
-def test_llama_family_matches_transformers() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = TINY_GQA.model_copy(update={"name": "tiny-llama", "family": "llama"})
-    model = build_model(config, CONTEXT, Attention.repeat_kv)
-    generated, logits = greedy_decode(model, PROMPT, 6)
-    hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        rms_norm_eps=config.rms_norm_eps,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        max_position_embeddings=CONTEXT,
-    )
-    expected = _hf_logits(
-        transformers.LlamaForCausalLM, hf_config, model.state_dict(), PROMPT + generated[:-1]
-    )
-    torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-4, atol=1e-4)
+def test_kv_input_mask_hides_the_new_tokens_own_slot() -> None:
+    state_mask = causal_mask(3, 8, kv="state")
+    input_mask = causal_mask(3, 8, kv="input")
+    assert (state_mask[0, 0, 0] == 0).sum() == 4
+    assert (input_mask[0, 0, 0] == 0).sum() == 3

@@ -1,0 +1,126 @@
+"""Builds as a service: the build key of a request, and a content-addressed store of artifacts.
+
+Everything here is light (no torch, no coremltools import): a cache hit answers in well under a
+second. The key hashes (model identity, variant graph identity, toolchain versions); the model
+identity is the preset name, or ``<name>@sha256:<fingerprint>`` for a weights folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from decodebench.domain import VariantSpec, build_key
+
+PACKAGE_NAME = "model.mlpackage"
+REPORT_NAME = "build.json"
+CACHE_ENV = "DECODEBENCH_BUILD_CACHE"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def toolchain_versions() -> dict[str, str]:
+    """What makes an artifact reproducible: our own version plus the converter's (read from the
+    installed metadata, equal to ``torch.__version__`` / ``ct.__version__``, without importing)."""
+    return {
+        "decodebench": _version("decodebench"),
+        "torch": _version("torch"),
+        "coremltools": _version("coremltools"),
+    }
+
+
+def model_identity(model: str, weights_fingerprint: str | None = None) -> str:
+    return model if weights_fingerprint is None else f"{model}@sha256:{weights_fingerprint}"
+
+
+def request_key(identity: str, variant: VariantSpec, toolchain: dict[str, str]) -> str:
+    return build_key(identity, variant, toolchain)
+
+
+def default_cache_root() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "decodebench" / "builds"
+
+
+def read_report(out_dir: Path) -> dict[str, Any] | None:
+    """The raw build.json of a complete build in ``out_dir`` (package present), else None."""
+    report_path = out_dir / REPORT_NAME
+    if not report_path.is_file() or not (out_dir / PACKAGE_NAME / "Manifest.json").is_file():
+        return None
+    try:
+        report = json.loads(report_path.read_text())
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+class BuildCache:
+    """``<root>/<key>/{model.mlpackage, build.json}``; entries are complete or absent."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_cache_root()
+
+    def entry(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        report = read_report(self.entry(key))
+        return report if report is not None and report.get("key") == key else None
+
+    def store(self, key: str, out_dir: Path) -> None:
+        """Add a finished build (hard links where possible: no second copy of the weights)."""
+        entry = self.entry(key)
+        if self.lookup(key) is not None:
+            return
+        staging = entry.with_name(f".{key}.{os.getpid()}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        _link_tree(out_dir / PACKAGE_NAME, staging / PACKAGE_NAME)
+        shutil.copy2(out_dir / REPORT_NAME, staging / REPORT_NAME)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(staging, entry)
+
+    def restore(self, key: str, out_dir: Path) -> dict[str, Any] | None:
+        """Materialize a cached build into ``out_dir``; its report, or None on a miss."""
+        report = self.lookup(key)
+        if report is None:
+            return None
+        existing = read_report(out_dir)
+        if existing is not None and existing.get("key") == key:
+            return existing
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = out_dir / f".restoring-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        _link_tree(self.entry(key) / PACKAGE_NAME, staging / PACKAGE_NAME)
+        (out_dir / REPORT_NAME).unlink(missing_ok=True)
+        target = out_dir / PACKAGE_NAME
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging / PACKAGE_NAME, target)
+        staging.rmdir()
+        shutil.copy2(self.entry(key) / REPORT_NAME, out_dir / REPORT_NAME)
+        return report
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    for path in sorted(source.rglob("*")):
+        destination = target / path.relative_to(source)
+        if path.is_dir():
+            destination.mkdir(parents=True, exist_ok=True)
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, destination)
+        except OSError:
+            shutil.copy2(path, destination)

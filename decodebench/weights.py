@@ -1,0 +1,319 @@
+"""Real weights: a Hugging Face style folder (``config.json`` + ``*.safetensors``) as a model.
+
+:func:`load_checkpoint` maps the config onto a :class:`~decodebench.presets.ModelConfig` and
+reads every tensor the decoder needs, refusing what it cannot build faithfully with an error that
+names the offending key (``config.json: hidden_act`` or the tensor name). :func:`fingerprint`
+identifies the folder's contents for the build key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from decodebench.presets import ModelConfig, RopeScaling
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Exaone4ForCausalLM": "exaone4",
+}
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "exaone4": "exaone4"}
+_HASH_CHUNK = 16 * 2**20
+
+
+class WeightsError(ValueError):
+    """The folder cannot be built as a decodebench model; the message names the key."""
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise WeightsError(f"{folder}: no config.json")
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as error:
+        raise WeightsError(f"{path}: not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"{path}: not a JSON object")
+    return config
+
+
+def _family(config: dict[str, Any]) -> str:
+    architectures = config.get("architectures") or []
+    for architecture in architectures:
+        if architecture in ARCHITECTURES:
+            return ARCHITECTURES[architecture]
+    model_type = config.get("model_type")
+    if not architectures and model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    supported = ", ".join(ARCHITECTURES)
+    found = architectures or model_type
+    raise WeightsError(
+        f"config.json: architectures {found!r} not supported; supported: {supported}"
+    )
+
+
+def _require(config: dict[str, Any], key: str) -> Any:
+    if key not in config:
+        raise WeightsError(f"config.json: {key} is missing")
+    return config[key]
+
+
+def _refuse(config: dict[str, Any], key: str, supported: object, why: str) -> None:
+    value = config.get(key, supported)
+    if value != supported:
+        raise WeightsError(f"config.json: {key}={value!r} is not supported ({why})")
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    # transformers 5 writes `rope_parameters`; older checkpoints `rope_theta` + `rope_scaling`.
+    parameters = dict(config.get("rope_scaling") or {})
+    key = "rope_scaling"
+    if isinstance(config.get("rope_parameters"), dict):
+        parameters = {**parameters, **config["rope_parameters"]}
+        key = "rope_parameters"
+    theta = float(parameters.get("rope_theta", config.get("rope_theta", 10_000.0)))
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    if parameters.get("partial_rotary_factor", 1.0) != 1.0:
+        raise WeightsError(f"config.json: {key}.partial_rotary_factor is not supported")
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise WeightsError(
+            f"config.json: {key}.rope_type={rope_type!r} is not supported (default, llama3)"
+        )
+    try:
+        scaling = RopeScaling(
+            factor=parameters["factor"],
+            low_freq_factor=parameters["low_freq_factor"],
+            high_freq_factor=parameters["high_freq_factor"],
+            original_max_position_embeddings=parameters["original_max_position_embeddings"],
+        )
+    except KeyError as missing:
+        raise WeightsError(f"config.json: {key}.{missing.args[0]} is missing") from None
+    return theta, scaling
+
+
+def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a Hugging Face ``config.json`` (refusing what we can't build)."""
+    family = _family(config)
+    _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
+    _refuse(config, "mlp_bias", False, "MLP projections have no bias")
+    if family == "llama":
+        _refuse(config, "attention_bias", False, "Llama projections have no bias")
+    if family == "qwen2":
+        _refuse(config, "use_sliding_window", False, "sliding-window attention")
+    if family == "exaone4":
+        layer_types = config.get("layer_types") or []
+        if config.get("sliding_window") is not None and (
+            not layer_types or any(kind != "full_attention" for kind in layer_types)
+        ):
+            raise WeightsError(
+                "config.json: sliding_window is not supported (hybrid local/global attention)"
+            )
+    heads = int(_require(config, "num_attention_heads"))
+    hidden = int(_require(config, "hidden_size"))
+    theta, scaling = _rope(config)
+    try:
+        return ModelConfig(
+            name=name,
+            family=family,  # type: ignore[arg-type]
+            num_layers=int(_require(config, "num_hidden_layers")),
+            hidden_size=hidden,
+            intermediate_size=int(_require(config, "intermediate_size")),
+            vocab_size=int(_require(config, "vocab_size")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        )
+    except ValueError as error:
+        raise WeightsError(f"config.json: {error}") from None
+
+
+def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of a :class:`ModelConfig` (the inverse mapping)."""
+    architecture = {family: name for name, family in ARCHITECTURES.items()}[config.family]
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        rope = {**config.rope_scaling.model_dump(), "rope_theta": config.rope_theta}
+    result: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": config.family,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.rms_norm_eps,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "rope_parameters": rope,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    if config.family == "exaone4":
+        # transformers 5.24 derives layer_types by dividing by the window pattern: pass them.
+        result["sliding_window"] = None
+        result["layer_types"] = ["full_attention"] * config.num_layers
+    if config.family == "qwen2":
+        result["use_sliding_window"] = False
+    return result
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"{folder}: no *.safetensors files")
+    return files
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the decoder needs, with its shape (Hugging Face names)."""
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q_size = config.num_attention_heads * head_dim
+    kv_size = config.num_key_value_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for index in range(config.num_layers):
+        prefix = f"model.layers.{index}."
+        shapes[prefix + "self_attn.q_proj.weight"] = (q_size, hidden)
+        shapes[prefix + "self_attn.k_proj.weight"] = (kv_size, hidden)
+        shapes[prefix + "self_attn.v_proj.weight"] = (kv_size, hidden)
+        shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_size)
+        if config.qkv_bias:
+            shapes[prefix + "self_attn.q_proj.bias"] = (q_size,)
+            shapes[prefix + "self_attn.k_proj.bias"] = (kv_size,)
+            shapes[prefix + "self_attn.v_proj.bias"] = (kv_size,)
+        if config.qk_norm:
+            shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
+            shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
+        shapes[prefix + "mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
+        shapes[prefix + "mlp.up_proj.weight"] = (config.intermediate_size, hidden)
+        shapes[prefix + "mlp.down_proj.weight"] = (hidden, config.intermediate_size)
+        if config.post_norm:
+            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+            shapes[prefix + "post_feedforward_layernorm.weight"] = (hidden,)
+        else:
+            shapes[prefix + "input_layernorm.weight"] = (hidden,)
+            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+    return shapes
+
+
+# Tensors a checkpoint may carry that the decoder does not use.
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
+
+
+def load_checkpoint(
+    folder: Path | str, dtype: Any = None, layers: int | None = None
+) -> tuple[ModelConfig, dict[str, Any]]:
+    """The config and the tensors (``torch``, in ``dtype``, fp16 by default) of a folder.
+
+    ``layers`` keeps only the first N decoder layers (a quick build of a big checkpoint).
+    """
+    import torch
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    raw = _read_config(folder)
+    config = model_config_from_hf(raw, name=_model_name(folder, raw))
+    if layers is not None:
+        if layers > config.num_layers:
+            raise WeightsError(f"layers={layers} but the checkpoint has {config.num_layers}")
+        config = config.model_copy(update={"num_layers": layers})
+    target = dtype or torch.float16
+    expected = expected_shapes(config)
+    tensors: dict[str, Any] = {}
+    for path in _safetensors_files(folder):
+        with safe_open(str(path), framework="pt") as archive:
+            for name in archive.keys():  # noqa: SIM118 (safe_open is no mapping)
+                if name in expected:
+                    tensor = archive.get_tensor(name)
+                    if tuple(tensor.shape) != expected[name]:
+                        raise WeightsError(
+                            f"{path.name}: {name} has shape {tuple(tensor.shape)}, "
+                            f"expected {expected[name]}"
+                        )
+                    tensors[name] = _convert(name, tensor, target)
+                elif _IGNORED.search(name) or _beyond_layers(name, config.num_layers, layers):
+                    continue
+                elif name == "lm_head.weight" and config.tie_word_embeddings:
+                    continue  # some exporters write the tied copy out as well
+                else:
+                    raise WeightsError(f"{path.name}: unexpected tensor {name}")
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightsError(f"{folder}: tensor {missing[0]} is missing{more}")
+    return config, tensors
+
+
+def _beyond_layers(name: str, num_layers: int, layers: int | None) -> bool:
+    match = re.match(r"model\.layers\.(\d+)\.", name)
+    return layers is not None and match is not None and int(match.group(1)) >= num_layers
+
+
+def _convert(name: str, tensor: Any, dtype: Any) -> Any:
+    import torch
+
+    if not tensor.is_floating_point():
+        raise WeightsError(f"{name}: dtype {tensor.dtype} is not a floating point type")
+    converted = tensor.to(dtype)
+    if dtype == torch.float16 and not torch.isfinite(converted).all():
+        raise WeightsError(f"{name}: values overflow fp16")
+    return converted
+
+
+def _model_name(folder: Path, config: dict[str, Any]) -> str:
+    source = str(config.get("_name_or_path") or folder.resolve().name)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", source.rstrip("/").split("/")[-1]).strip("-")
+    return name[:64] or "weights"
+
+
+def fingerprint(folder: Path | str, memo_path: Path | None = None) -> str:
+    """sha256 over config.json and every safetensors file (their bytes, in name order).
+
+    Hashing gigabytes takes seconds, so digests are remembered in ``memo_path`` by each file's
+    (size, mtime, inode): an unchanged folder is fingerprinted from its stat alone.
+    """
+    folder = Path(folder).resolve()
+    files = [folder / "config.json", *_safetensors_files(folder)]
+    memo: dict[str, str] = {}
+    if memo_path is not None and memo_path.is_file():
+        try:
+            memo = json.loads(memo_path.read_text())
+        except ValueError:
+            memo = {}
+    digest = hashlib.sha256()
+    changed = False
+    for path in files:
+        stat = path.stat()
+        stamp = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+        file_digest = memo.get(stamp)
+        if file_digest is None:
+            file_hash = hashlib.sha256()
+            with path.open("rb") as stream:
+                while chunk := stream.read(_HASH_CHUNK):
+                    file_hash.update(chunk)
+            file_digest = memo[stamp] = file_hash.hexdigest()
+            changed = True
+        digest.update(f"{path.name}:{file_digest}\n".encode())
+    if changed and memo_path is not None:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = memo_path.with_name(memo_path.name + f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(memo))
+        os.replace(partial, memo_path)
+    return digest.hexdigest()
