@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from stack import Stack
 
+from decodebench.profiles import DEVICE_PROFILES
+
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
@@ -47,9 +49,10 @@ def test_submit_a_sweep_through_the_form(stack: Stack, page) -> None:
     assert page.inner_text("h1") == "Sweep 1 · tiny-gqa"
     assert page.inner_text("#sweep-state") == "building"
     rows = page.locator("#comparison tbody tr")
-    assert rows.count() == 4  # 2 variants x 2 devices
+    devices = len(DEVICE_PROFILES)  # every device class is ticked by default
+    assert rows.count() == 2 * devices
     assert "repeat_kv-ctx512-fp16" in rows.nth(0).inner_text()
-    assert page.locator("#runs tbody tr").count() == 4
+    assert page.locator("#runs tbody tr").count() == 2 * devices
 
 
 def test_form_errors_name_the_field(stack: Stack, page) -> None:
@@ -58,10 +61,13 @@ def test_form_errors_name_the_field(stack: Stack, page) -> None:
     page.click("button[type=submit]")
     page.goto(f"{stack.server_url}/sweeps/new")
     page.fill("input[name=variant0_context]", "7")
+    page.fill("input[name=variant1_quant]", "ffn=int3")
     page.click("#sweep-form button[type=submit]")
     alert = page.inner_text("[role=alert]")
     assert "variants.0.context" in alert
     assert "greater than or equal to 64" in alert
+    assert "variants.1.quant" in alert
+    assert page.input_value("input[name=variant1_quant]") == "ffn=int3"  # the form keeps the input
     page.goto(stack.server_url)
     assert "No sweeps yet." in page.inner_text("main")
 

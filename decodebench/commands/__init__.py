@@ -1,0 +1,1 @@
+"""Subcommands of the ``decodebench`` CLI that live in their own modules (``register(subparsers)``)."""

@@ -1,0 +1,107 @@
+"""``decodebench verify A.mlpackage B.mlpackage --steps N``: do two programs decode the same?
+
+Exit status: 0 when the greedy tokens agree (and logits stay within ``--atol``), 1 when they
+diverge, 2 when the programs cannot be loaded, recognised or run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+AGREE, DIVERGE, ERROR = 0, 1, 2
+
+
+def register(subparsers: Any) -> None:
+    from decodebench.mil.defaults import DEFAULT_ATOL, DEFAULT_PROMPT, DEFAULT_RTOL
+
+    parser = subparsers.add_parser(
+        "verify",
+        help="run two .mlpackages in the reference interpreter and compare their decoding",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "a", metavar="A.mlpackage", help="first program (its greedy tokens drive both)"
+    )
+    parser.add_argument("b", metavar="B.mlpackage", help="second program")
+    parser.add_argument("--steps", type=int, default=8, help="tokens to generate (default 8)")
+    parser.add_argument(
+        "--prompt",
+        default=",".join(str(token) for token in DEFAULT_PROMPT),
+        help="comma-separated prompt token ids (default %(default)s)",
+    )
+    parser.add_argument(
+        "--inputs", metavar="FILE", help="JSON file naming token/position/mask/logits"
+    )
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=DEFAULT_ATOL,
+        help="absolute logit difference still counted as agreement (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rtol",
+        type=float,
+        default=DEFAULT_RTOL,
+        help="plus this fraction of the step's largest |logit| (default %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=cmd_verify)
+
+
+def _prompt(text: str) -> list[int]:
+    try:
+        tokens = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--prompt must be comma-separated integers, got {text!r}") from None
+    if not tokens or min(tokens) < 0:
+        raise ValueError("--prompt needs at least one non-negative token id")
+    return tokens
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    # coremltools' progress bars (tqdm reads this once, when first imported) are noise here.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from decodebench.mil.inputs import load_mapping
+    from decodebench.mil.program import MilError, quiet_coremltools
+    from decodebench.mil.verify import verify_packages
+
+    try:
+        mapping = load_mapping(args.inputs) if args.inputs else None
+        with quiet_coremltools():
+            result = verify_packages(
+                args.a, args.b, args.steps, _prompt(args.prompt), mapping, args.atol, args.rtol
+            )
+    except (MilError, ValueError) as error:
+        print(f"decodebench verify: error: {error}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(error)}))
+        return ERROR
+    if args.json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        print(render(result))
+    return AGREE if result.agree else DIVERGE
+
+
+def render(result: Any) -> str:
+    verdict = "AGREE" if result.agree else f"DIVERGE at step {result.first_divergent_step}"
+    lines = [
+        f"verify {result.a} vs {result.b}: {verdict}",
+        f"  prompt            {result.prompt} then {result.steps} greedy steps",
+        f"  tokens a          {result.tokens_a}",
+        f"  tokens b          {result.tokens_b}",
+        f"  max |logit diff|  {result.max_abs_diff:.6g} (relative {result.max_rel_diff:.3g};"
+        f" tolerance {result.atol:g} + {result.rtol:g} x max|logit|)",
+    ]
+    for label, interface in (("a", result.interface_a), ("b", result.interface_b)):
+        lines.append(
+            f"  inputs {label}          token={interface.token} position={interface.position} "
+            f"mask={interface.mask} ({interface.mask_kind}) logits={interface.logits} "
+            f"context={interface.context} states={len(interface.states)}"
+        )
+    return "\n".join(lines)

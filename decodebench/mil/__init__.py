@@ -1,0 +1,13 @@
+"""Core ML ML programs on Linux: run them (reference interpreter), compare them, fold GQA.
+
+- :mod:`decodebench.mil.interpreter` runs a program in NumPy (``ops`` holds the kernels);
+- :mod:`decodebench.mil.verify` decodes with two programs and compares tokens and logits,
+  :mod:`decodebench.mil.inputs` works out which input is which;
+- :mod:`decodebench.mil.fold` is the GQA fold graph pass; importing it registers
+  ``decodebench::fold_gqa`` with coremltools, :mod:`decodebench.mil.fold_package` applies it to
+  a saved ``.mlpackage``;
+- :mod:`decodebench.mil.hf` converts a transformers causal LM's decode step with a static cache,
+  :mod:`decodebench.mil.compat` the converter workarounds that needs.
+
+Nothing is imported here: coremltools is heavy and the CLI imports these modules lazily.
+"""

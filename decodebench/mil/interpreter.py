@@ -1,0 +1,241 @@
+"""A NumPy reference interpreter for Core ML ML programs (pymil ``Program``).
+
+Numerics: every op computes in fp32 (fp16 inputs are widened) and its outputs are rounded to
+the dtype the program declares. So an fp16 program rounds every intermediate tensor to fp16,
+as the device does, while accumulations inside one op (matmul, softmax, reductions) run in
+fp32, as the Neural Engine and GPU do. Results are therefore close to, not bit-equal with, a
+device; they are deterministic, which is what comparing two programs needs.
+
+States (``read_state`` / ``coreml_update_state``) live in a dict the caller owns, so a decode
+loop keeps its KV cache between calls exactly like ``MLState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from coremltools.converters.mil.mil import Program, types
+from numpy.typing import ArrayLike
+
+from decodebench.mil.ops import KERNELS, OpArgs
+from decodebench.mil.program import MilError
+
+STATE_OPS = frozenset({"read_state", "coreml_update_state", "write_state"})
+_SUB_BYTE = {"int4": np.int8, "uint1": np.uint8, "uint2": np.uint8, "uint3": np.uint8}
+_SUB_BYTE |= {"uint4": np.uint8, "uint6": np.uint8}
+
+
+class UnsupportedOpError(MilError):
+    """The program holds an op the interpreter has no kernel for."""
+
+
+class InterpreterError(MilError):
+    """An op failed, or produced something other than what the program declares."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def numpy_dtype(builtin: Any) -> np.dtype:
+    """The NumPy dtype holding a MIL builtin type (sub-byte integers widen to a byte)."""
+    name = types.builtin_to_string(builtin)
+    if name in _SUB_BYTE:
+        return np.dtype(_SUB_BYTE[name])
+    return np.dtype(types.nptype_from_builtin(builtin))
+
+
+def _static_shape(var: Any) -> tuple[int, ...] | None:
+    shape = var.shape
+    if all(isinstance(size, int | np.integer) for size in shape):
+        return tuple(int(size) for size in shape)
+    return None
+
+
+def op_location(op: Any, index: int, function: str) -> str:
+    outputs = ", ".join(var.name for var in op.outputs)
+    location = f"op #{index} '{op.name}' ({op.op_type} -> {outputs}) in function '{function}'"
+    scopes = [str(item) for values in getattr(op, "scopes", {}).values() for item in values]
+    return f"{location}, scope {' / '.join(scopes)}" if scopes else location
+
+
+class Interpreter:
+    """Runs one function of a program; construct once, call :meth:`run` for every step."""
+
+    def __init__(self, program: Program, function: str = "main") -> None:
+        if function not in program.functions:
+            known = ", ".join(sorted(program.functions))
+            raise MilError(f"the program has no function {function!r} (it has {known})")
+        self.function_name = function
+        self._function = program.functions[function]
+        self._operations = list(self._function.operations)
+        self.inputs: dict[str, TensorSpec] = {}
+        self.states: dict[str, TensorSpec] = {}
+        self._state_names: dict[int, str] = {}
+        for name, var in self._function.inputs.items():
+            if types.is_state(var.sym_type):
+                wrapped = var.sym_type.wrapped_type()
+                shape = tuple(int(size) for size in wrapped.get_shape())
+                self.states[name] = TensorSpec(name, shape, numpy_dtype(wrapped.get_primitive()))
+                self._state_names[id(var)] = name
+            else:
+                self.inputs[name] = TensorSpec(
+                    name, _static_shape(var) or (), numpy_dtype(var.dtype)
+                )
+        self.outputs: list[TensorSpec] = [
+            TensorSpec(var.name, _static_shape(var) or (), numpy_dtype(var.dtype))
+            for var in self._function.outputs
+        ]
+        self._check_supported()
+        self._last_use = self._last_uses()
+        self._constexpr_cache: dict[int, tuple[np.ndarray, ...]] = {}
+
+    def _check_supported(self) -> None:
+        for index, op in enumerate(self._operations):
+            supported = op.op_type == "const" or op.op_type in STATE_OPS or op.op_type in KERNELS
+            if op.blocks:
+                supported = False
+            if not supported:
+                raise UnsupportedOpError(
+                    f"unsupported op '{op.op_type}' at {op_location(op, index, self.function_name)}"
+                )
+
+    def _last_uses(self) -> dict[int, int]:
+        """Index of the last op reading each value, so intermediates are freed early."""
+        last: dict[int, int] = {}
+        for index, op in enumerate(self._operations):
+            for var in _input_vars(op):
+                last[id(var)] = index
+        for var in self._function.outputs:
+            last[id(var)] = len(self._operations)
+        return last
+
+    def new_states(self) -> dict[str, np.ndarray]:
+        """Zero-filled storage for every state (a fresh KV cache)."""
+        return {name: np.zeros(spec.shape, spec.dtype) for name, spec in self.states.items()}
+
+    def run(
+        self,
+        inputs: Mapping[str, ArrayLike],
+        states: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Execute the function once; ``states`` is updated in place (fresh zeros if omitted)."""
+        states = self.new_states() if states is None else states
+        missing_states = sorted(set(self.states) - set(states))
+        if missing_states:
+            raise MilError(f"no storage for states: {', '.join(missing_states)}")
+        env: dict[int, Any] = {}
+        for name, var in self._function.inputs.items():
+            if name in self.inputs:
+                env[id(var)] = self._checked_input(name, inputs)
+        unknown = sorted(set(inputs) - set(self.inputs))
+        if unknown:
+            raise MilError(f"the program has no inputs named {', '.join(unknown)}")
+
+        for index, op in enumerate(self._operations):
+            if op.op_type == "const":
+                continue
+            try:
+                results = self._execute(op, env, states)
+            except MilError:
+                raise
+            except Exception as error:  # a kernel failed: say where, keep the cause
+                location = op_location(op, index, self.function_name)
+                raise InterpreterError(f"{location} failed: {error}") from error
+            for var, value in zip(op.outputs, results, strict=True):
+                env[id(var)] = self._checked_output(var, value, op, index)
+            for var in _input_vars(op):
+                if self._last_use.get(id(var)) == index:
+                    env.pop(id(var), None)
+        return {var.name: self._value(var, env) for var in self._function.outputs}
+
+    def _checked_input(self, name: str, inputs: Mapping[str, ArrayLike]) -> np.ndarray:
+        spec = self.inputs[name]
+        if name not in inputs:
+            raise MilError(f"missing input {name!r} {list(spec.shape)} {spec.dtype}")
+        array = np.asarray(inputs[name])
+        if spec.shape and array.shape != spec.shape:
+            raise MilError(
+                f"input {name!r} has shape {list(array.shape)}, the program expects "
+                f"{list(spec.shape)}"
+            )
+        return array.astype(spec.dtype, copy=False)
+
+    def _checked_output(self, var: Any, value: Any, op: Any, index: int) -> np.ndarray:
+        array = np.asarray(value).astype(numpy_dtype(var.dtype), copy=False)
+        declared = _static_shape(var)
+        if declared is not None and array.shape != declared:
+            raise InterpreterError(
+                f"{op_location(op, index, self.function_name)} produced shape "
+                f"{list(array.shape)}, the program declares {list(declared)}"
+            )
+        return array
+
+    def _value(self, var: Any, env: Mapping[int, Any]) -> Any:
+        if id(var) in env:
+            return env[id(var)]
+        if var.op is not None and var.op.op_type == "const":
+            return var.val
+        raise InterpreterError(f"value {var.name!r} is read before it is computed")
+
+    def _execute(
+        self, op: Any, env: Mapping[int, Any], states: dict[str, np.ndarray]
+    ) -> Sequence[Any]:
+        op_type = op.op_type
+        if op_type == "read_state":
+            return (states[self._state_name(op.inputs["input"])].copy(),)
+        if op_type in ("coreml_update_state", "write_state"):
+            state_var = op.inputs["state" if op_type == "coreml_update_state" else "input"]
+            value = self._value(
+                op.inputs["value" if op_type == "coreml_update_state" else "data"], env
+            )
+            name = self._state_name(state_var)
+            states[name] = np.asarray(value).astype(self.states[name].dtype)
+            return (value,) if op.outputs else ()
+        if op_type.startswith("constexpr_") and id(op) in self._constexpr_cache:
+            return self._constexpr_cache[id(op)]
+        values = {
+            name: (
+                [_widen(self._value(item, env)) for item in var]
+                if isinstance(var, list | tuple)
+                else _widen(self._value(var, env))
+            )
+            for name, var in op.inputs.items()
+        }
+        result = KERNELS[op_type](OpArgs(op, values))
+        results = tuple(result) if isinstance(result, tuple) else (result,)
+        if op_type.startswith("constexpr_"):  # weights: decompress once per interpreter
+            outputs = tuple(
+                np.asarray(value).astype(numpy_dtype(var.dtype))
+                for var, value in zip(op.outputs, results, strict=True)
+            )
+            self._constexpr_cache[id(op)] = outputs
+            return outputs
+        return results
+
+    def _state_name(self, var: Any) -> str:
+        try:
+            return self._state_names[id(var)]
+        except KeyError:
+            raise InterpreterError(f"{var.name!r} is not a state of this function") from None
+
+
+def _input_vars(op: Any) -> list[Any]:
+    found: list[Any] = []
+    for var in op.inputs.values():
+        found.extend(var if isinstance(var, list | tuple) else [var])
+    return found
+
+
+def _widen(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.dtype == np.float16:
+        return value.astype(np.float32)
+    if isinstance(value, np.float16):
+        return np.float32(value)
+    return value
