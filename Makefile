@@ -44,8 +44,10 @@ format:  ## ruff format and fix
 typecheck:  ## mypy on the library and the agent
 	$(BIN)/mypy
 
-bench:  ## full-size benchmarks (minutes, ~15 GB RAM)
+bench:  ## full-size EXAONE benchmarks, one after another (tens of minutes, up to ~8 GB RAM each)
 	$(BIN)/python bench/exaone_tiles.py
+	$(BIN)/python bench/build_exaone.py
+	$(BIN)/python bench/fold_exaone.py --verify-steps 3
 
 clean:  ## remove local state (embedded database, artifacts, logs)
 	rm -rf var
