@@ -1,47 +1,65 @@
-"""Static analysis of a saved ``.mlpackage``: op histogram, redundant copies, bytes per token.
+"""Static analysis of a saved ``.mlpackage``: op histogram, data moved per token, predicted tok/s.
 
-Reads only the program protobuf (``Data/<root model>``); the weights file is never loaded, only
-its size on disk is looked up. Sizes come from the MIL output types, so nothing is executed.
+Reads the program protobuf (``Data/<root model>``); of the weights file only its size and a
+few tiny constants (see :mod:`decodebench.mlpackage`) are read. Sizes come from the MIL types, so nothing is executed, and any
+ML program can be analysed, including ones this project did not build: op types coremltools
+does not register are counted and listed in ``unknown_ops``, never fatal.
 
-The bytes-per-token estimate is a first-order roofline (DESIGN §1): decode is memory-bound, and
-a token moves
-
-- ``weights``: every weight blob once, at its stored width (an upper bound: an untied embedding
-  is only gathered, not read whole);
-- ``kv_read``: every state tensor once (the whole cache; a first cut that ignores masking);
-- ``kv_write``: the slices written into the states (``slice_update`` updates feeding a state
-  write, or the whole value for an unsliced write);
-- ``redundant``: every ``tile`` output twice, written and read again.
+``bytes_per_token`` is a first-order model of one decode step (DESIGN §1, and
+:mod:`decodebench.traffic` for what each category counts); ``predicted_tok_s`` applies each
+device profile's bandwidth and per-op dispatch overhead to it.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from coremltools.proto import MIL_pb2, Model_pb2
-from google.protobuf.message import DecodeError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer, model_validator
 
+from decodebench.copies import RedundantCopy, redundant_copies
+from decodebench.known_ops import KNOWN_OPS
+from decodebench.mlpackage import (
+    AnalysisError,
+    FunctionGraph,
+    decode_function_name,
+    function_graphs,
+    load_program,
+    value_bytes,
+    value_dtype,
+    value_shape,
+)
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
+from decodebench.traffic import (
+    KvState,
+    dispatch_ops,
+    kv_traffic,
+    stored_weights,
+    weight_bytes_read,
+)
 
-# Inline (immediate) tensors at least this big are weights stored in the program itself;
-# smaller ones are shapes, axes and scalars.
-LARGE_IMMEDIATE_BYTES = 1024
-STATE_WRITE_OPS = frozenset({"coreml_update_state", "write_state"})
-_SPECIAL_DTYPE_BITS = {"BOOL": 8, "FLOAT8E4M3FN": 8, "FLOAT8E5M2": 8}
+__all__ = [
+    "ANALYSIS_VERSION",
+    "AnalysisError",
+    "BytesPerToken",
+    "FunctionOps",
+    "GraphAnalysis",
+    "KvState",
+    "RedundantCopy",
+    "TensorRecord",
+    "analyze_mlpackage",
+    "load_program",
+    "predict_tok_s",
+]
 
-
-class AnalysisError(ValueError):
-    """The path is not something this module can analyse; the message says what is missing."""
+# 1: the first cut (tiles only, whole weights, no dispatch term). 2: this module.
+ANALYSIS_VERSION = 2
 
 
 class TensorRecord(BaseModel):
-    """One tensor the analysis singles out: a tile output or a state."""
+    """One tensor the analysis singles out (a tile output)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -55,202 +73,95 @@ class BytesPerToken(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     weights: int
-    kv_read: int
+    kv_read: int  # the whole cache: what the static-shape graph reads at any position
     kv_write: int
-    redundant: int
+    redundant: int  # pure copies, each counted written and read again
     total: int
+    kv_read_per_position: int = 0  # what a position-aware kernel reads per cached position
+    kv_positions: int = 0  # the context length of the longest cache
+
+
+class FunctionOps(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ops_total: int
+    non_const_ops: int
+    dispatch_ops: int
+    op_counts: dict[str, int]
 
 
 class GraphAnalysis(BaseModel):
+    """What a build's graph costs per decoded token. Defaults keep first-cut reports loadable."""
+
     model_config = ConfigDict(frozen=True)
 
+    analysis_version: int = 1
     functions: list[str]
+    decode_function: str = ""
+    function_ops: dict[str, FunctionOps] = {}
     ops_total: int
     non_const_ops: int
+    dispatch_ops: int = 0
     op_counts: dict[str, int]
+    unknown_ops: dict[str, int] = {}
     tile_ops: int
     tile_output_bytes: int
     tiles: list[TensorRecord]
+    redundant_ops: list[RedundantCopy] = []
+    redundant_output_bytes: int = 0
     slice_update_ops: int
     state_write_ops: int
+    state_write_bytes: int = 0
     state_read_ops: int
     weight_bytes: int
     weight_file_bytes: int
+    weight_bytes_by_encoding: dict[str, int] = {}
+    weight_bytes_by_dtype: dict[str, int] = {}
+    kv_source: str = "states"
     state_bytes: int
-    states: list[TensorRecord]
+    states: list[KvState]
     bytes_per_token: BytesPerToken
 
+    @model_validator(mode="before")
+    @classmethod
+    def _first_cut_dispatch_ops(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "dispatch_ops" not in data and "non_const_ops" in data:
+            data = {**data, "dispatch_ops": data["non_const_ops"]}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _with_predictions(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
+        # Serialised with the built-in profiles so `analyze --json` and build.json carry the
+        # prediction; the server recomputes it with the current (calibrated) profiles.
+        data = handler(self)
+        data["predicted_tok_s"] = self.predicted_tok_s()
+        return data
+
     def predicted_tok_s(self, profiles: Iterable[DeviceProfile] | None = None) -> dict[str, float]:
-        """Roofline tok/s per device class (all known profiles by default)."""
+        """Predicted decode tok/s per device class (the built-in profiles by default)."""
         chosen = DEVICE_PROFILES.values() if profiles is None else profiles
+        if self.bytes_per_token.total <= 0:
+            return {}  # nothing moves: not a decoder this model can describe
         return {profile.device_class: predict_tok_s(self, profile) for profile in chosen}
+
+    def kv_read_at(self, position: int) -> int:
+        """KV bytes a kernel reading only positions ``0..position`` would move."""
+        return sum(state.read_at(position) for state in self.states)
 
 
 def predict_tok_s(analysis: GraphAnalysis, profile: DeviceProfile) -> float:
-    return profile.predicted_tok_s(analysis.bytes_per_token.total)
+    return profile.predicted_tok_s(analysis.bytes_per_token.total, analysis.dispatch_ops)
 
 
-def dtype_bits(data_type: int) -> int:
-    """Bits per element of a MIL data type (sub-byte types included); 0 when it has no size."""
-    name = MIL_pb2.DataType.Name(data_type)
-    if name in _SPECIAL_DTYPE_BITS:
-        return _SPECIAL_DTYPE_BITS[name]
-    match = re.search(r"(\d+)$", name)
-    return int(match.group(1)) if match else 0
-
-
-def tensor_shape(tensor_type: MIL_pb2.TensorType) -> list[int] | None:
-    """The static shape, or None when a dimension is unknown."""
-    shape = []
-    for dimension in tensor_type.dimensions:
-        if dimension.WhichOneof("dimension") != "constant":
-            return None
-        shape.append(dimension.constant.size)
-    return shape
-
-
-def tensor_bytes(tensor_type: MIL_pb2.TensorType) -> int:
-    shape = tensor_shape(tensor_type)
-    if shape is None:
-        return 0
-    return math.ceil(math.prod(shape) * dtype_bits(tensor_type.dataType) / 8)
-
-
-def _tensor_type(value_type: MIL_pb2.ValueType) -> MIL_pb2.TensorType | None:
-    kind = value_type.WhichOneof("type")
-    if kind == "tensorType":
-        return value_type.tensorType
-    if kind == "stateType":
-        return _tensor_type(value_type.stateType.wrappedType)
-    return None
-
-
-def _record(name: str, value_type: MIL_pb2.ValueType) -> TensorRecord:
-    tensor_type = _tensor_type(value_type)
-    if tensor_type is None:
-        return TensorRecord(name=name, shape=[], dtype="unknown", bytes=0)
-    return TensorRecord(
-        name=name,
-        shape=tensor_shape(tensor_type) or [],
-        dtype=MIL_pb2.DataType.Name(tensor_type.dataType).lower(),
-        bytes=tensor_bytes(tensor_type),
-    )
-
-
-def load_program(path: Path | str) -> tuple[Model_pb2.Model, Path]:
-    """The root model spec of an ``.mlpackage`` and the directory it lives in."""
-    package = Path(path)
-    prefix = f"{package} is not an .mlpackage:"
-    if not package.exists():
-        raise AnalysisError(f"{prefix} the path does not exist")
-    if not package.is_dir():
-        raise AnalysisError(f"{prefix} it is a file, not a package directory")
-    manifest_path = package / "Manifest.json"
-    if not manifest_path.is_file():
-        raise AnalysisError(f"{prefix} Manifest.json is missing")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        root = manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]["path"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise AnalysisError(f"{prefix} Manifest.json names no root model ({error})") from None
-    model_path = package / "Data" / root
-    if not model_path.is_file():
-        raise AnalysisError(f"{prefix} the root model Data/{root} is missing")
-    try:
-        spec = Model_pb2.Model.FromString(model_path.read_bytes())
-    except DecodeError:
-        raise AnalysisError(f"{prefix} Data/{root} is not a Core ML model spec") from None
-    kind = spec.WhichOneof("Type")
-    if kind != "mlProgram":
-        raise AnalysisError(f"{package} is not an mlprogram: its model type is {kind}")
-    return spec, model_path.parent
-
-
-def _blocks(function: MIL_pb2.Function) -> Iterator[MIL_pb2.Block]:
-    if function.opset in function.block_specializations:
-        yield function.block_specializations[function.opset]
-    else:
-        yield from function.block_specializations.values()
-
-
-def _operations(block: MIL_pb2.Block) -> Iterator[MIL_pb2.Operation]:
-    for operation in block.operations:
-        yield operation
-        for nested in operation.blocks:
-            yield from _operations(nested)
-
-
-def _argument_name(operation: MIL_pb2.Operation, parameter: str) -> str | None:
-    if parameter not in operation.inputs:
-        return None
-    arguments = operation.inputs[parameter].arguments
-    return arguments[0].name if arguments and arguments[0].name else None
-
-
-class _ProgramIndex:
-    """Every operation, and the type and producer of every named value, across functions."""
-
-    def __init__(self, program: MIL_pb2.Program) -> None:
-        self.operations: list[MIL_pb2.Operation] = []
-        self.types: dict[str, MIL_pb2.ValueType] = {}
-        self.producers: dict[str, MIL_pb2.Operation] = {}
-        self.states: dict[str, MIL_pb2.ValueType] = {}
-        for function in program.functions.values():
-            for named in function.inputs:
-                self.types[named.name] = named.type
-                if named.type.WhichOneof("type") == "stateType":
-                    self.states.setdefault(named.name, named.type)
-            for block in _blocks(function):
-                self._add_block(block)
-
-    def _add_block(self, block: MIL_pb2.Block) -> None:
-        for named in block.inputs:
-            self.types[named.name] = named.type
-        for operation in _operations(block):
-            self.operations.append(operation)
-            for named in operation.outputs:
-                self.types[named.name] = named.type
-                self.producers[named.name] = operation
-            for nested in operation.blocks:
-                for named in nested.inputs:
-                    self.types[named.name] = named.type
-
-    def value_bytes(self, name: str | None) -> int:
-        if name is None or name not in self.types:
-            return 0
-        tensor_type = _tensor_type(self.types[name])
-        return 0 if tensor_type is None else tensor_bytes(tensor_type)
-
-    def written_bytes(self, operation: MIL_pb2.Operation) -> int:
-        """Bytes a state write really changes: the slice when the value is a slice_update."""
-        parameter = "data" if operation.type == "write_state" else "value"
-        name = _argument_name(operation, parameter)
-        producer = self.producers.get(name) if name else None
-        while producer is not None and producer.type == "cast":
-            producer = self.producers.get(_argument_name(producer, "x") or "")
-        if producer is not None and producer.type == "slice_update":
-            return self.value_bytes(_argument_name(producer, "update"))
-        return self.value_bytes(name)
-
-
-def _const_weight_bytes(operations: Iterable[MIL_pb2.Operation]) -> int:
-    seen_blobs: set[tuple[str, int]] = set()
-    total = 0
-    for operation in operations:
-        for value in operation.attributes.values():
-            tensor_type = _tensor_type(value.type)
-            if tensor_type is None:
-                continue
-            if value.WhichOneof("value") == "blobFileValue":
-                blob = (value.blobFileValue.fileName, value.blobFileValue.offset)
-                if blob not in seen_blobs:  # one blob shared by several consts is read once
-                    seen_blobs.add(blob)
-                    total += tensor_bytes(tensor_type)
-            elif operation.type == "const" and value.WhichOneof("value") == "immediateValue":
-                size = tensor_bytes(tensor_type)
-                if size >= LARGE_IMMEDIATE_BYTES:
-                    total += size
-    return total
+def predictions_from_report(
+    analysis: Mapping[str, Any], profiles: Iterable[DeviceProfile]
+) -> dict[str, float]:
+    """Predicted tok/s from a stored analysis dict (any version) without revalidating it."""
+    moved = int(analysis["bytes_per_token"]["total"])
+    ops = int(analysis.get("dispatch_ops", analysis.get("non_const_ops", 0)) or 0)
+    if moved <= 0:
+        return {}
+    return {profile.device_class: profile.predicted_tok_s(moved, ops) for profile in profiles}
 
 
 def _directory_bytes(directory: Path) -> int:
@@ -259,46 +170,134 @@ def _directory_bytes(directory: Path) -> int:
     return sum(item.stat().st_size for item in directory.rglob("*") if item.is_file())
 
 
+def _function_ops(graph: FunctionGraph) -> FunctionOps:
+    counts = Counter(operation.type for operation in graph.operations)
+    return FunctionOps(
+        ops_total=sum(counts.values()),
+        non_const_ops=sum(counts.values()) - counts.get("const", 0),
+        dispatch_ops=dispatch_ops(graph),
+        op_counts=dict(counts.most_common()),
+    )
+
+
+def _weight_storage(graphs: Iterable[FunctionGraph]) -> tuple[int, dict[str, int], dict[str, int]]:
+    """Stored weight bytes of the whole program (each blob once), by encoding and by dtype."""
+    seen: set[tuple[str, ...]] = set()
+    by_encoding: Counter[str] = Counter()
+    by_dtype: Counter[str] = Counter()
+    for graph in graphs:
+        for weight in stored_weights(graph):
+            if weight.key in seen:
+                continue
+            seen.add(weight.key)
+            by_encoding[weight.encoding] += weight.bytes
+            by_dtype[weight.dtype] += weight.bytes
+    return sum(by_encoding.values()), dict(by_encoding), dict(by_dtype)
+
+
 def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
     """Analyse a saved ``.mlpackage`` without loading its weights or running it."""
     spec, model_directory = load_program(path)
-    index = _ProgramIndex(spec.mlProgram)
-    op_counts = Counter(operation.type for operation in index.operations)
+    graphs = function_graphs(spec, model_directory)
+    decode_name = decode_function_name(spec)
+    if decode_name is None:
+        raise AnalysisError(f"{path} is an mlprogram without functions")
+    decode = graphs[decode_name]
+    operations = [operation for graph in graphs.values() for operation in graph.operations]
+    op_counts = Counter(operation.type for operation in operations)
 
     tiles = [
-        _record(named.name, named.type)
-        for operation in index.operations
+        TensorRecord(
+            name=named.name,
+            shape=value_shape(named.type) or [],
+            dtype=value_dtype(named.type),
+            bytes=value_bytes(named.type),
+        )
+        for operation in operations
         if operation.type == "tile"
         for named in operation.outputs
     ]
-    state_writes = [op for op in index.operations if op.type in STATE_WRITE_OPS]
-    states = [_record(name, value_type) for name, value_type in index.states.items()]
-
-    weight_bytes = _const_weight_bytes(index.operations)
-    state_bytes = sum(state.bytes for state in states)
-    tile_output_bytes = sum(tile.bytes for tile in tiles)
-    kv_write = sum(index.written_bytes(operation) for operation in state_writes)
-    redundant = 2 * tile_output_bytes
+    copies = redundant_copies(decode)
+    kv = kv_traffic(decode)
+    weight_bytes, by_encoding, by_dtype = _weight_storage(graphs.values())
+    weights_read = weight_bytes_read(decode)
+    redundant = sum(copy.moved_bytes for copy in copies)
+    read_states = [state for state in kv.states if state.read]
     return GraphAnalysis(
-        functions=sorted(spec.mlProgram.functions),
+        analysis_version=ANALYSIS_VERSION,
+        functions=sorted(graphs),
+        decode_function=decode_name,
+        function_ops={name: _function_ops(graph) for name, graph in graphs.items()},
         ops_total=sum(op_counts.values()),
         non_const_ops=sum(op_counts.values()) - op_counts.get("const", 0),
+        dispatch_ops=dispatch_ops(decode),
         op_counts=dict(op_counts.most_common()),
+        unknown_ops={op: count for op, count in op_counts.items() if op not in KNOWN_OPS},
         tile_ops=op_counts.get("tile", 0),
-        tile_output_bytes=tile_output_bytes,
+        tile_output_bytes=sum(tile.bytes for tile in tiles),
         tiles=tiles,
+        redundant_ops=copies,
+        redundant_output_bytes=sum(copy.bytes for copy in copies),
         slice_update_ops=op_counts.get("slice_update", 0),
-        state_write_ops=len(state_writes),
+        state_write_ops=kv.state_write_ops,
+        state_write_bytes=kv.state_write_bytes,
         state_read_ops=op_counts.get("read_state", 0),
         weight_bytes=weight_bytes,
         weight_file_bytes=_directory_bytes(model_directory / "weights"),
-        state_bytes=state_bytes,
-        states=states,
+        weight_bytes_by_encoding=by_encoding,
+        weight_bytes_by_dtype=by_dtype,
+        kv_source=kv.source,
+        state_bytes=sum(state.bytes for state in kv.states),
+        states=kv.states,
         bytes_per_token=BytesPerToken(
-            weights=weight_bytes,
-            kv_read=state_bytes,
-            kv_write=kv_write,
+            weights=weights_read,
+            kv_read=kv.read_bytes,
+            kv_write=kv.write_bytes,
             redundant=redundant,
-            total=weight_bytes + state_bytes + kv_write + redundant,
+            total=weights_read + kv.read_bytes + kv.write_bytes + redundant,
+            kv_read_per_position=sum(state.bytes_per_position for state in read_states),
+            kv_positions=max((state.positions for state in read_states), default=0),
         ),
     )
+
+
+def render_analysis(analysis: GraphAnalysis, title: str) -> str:
+    """The text report of ``decodebench analyze``."""
+    mib = 1024**2
+    moved = analysis.bytes_per_token
+    lines = [
+        title,
+        f"  functions          {', '.join(analysis.functions)} (decode: {analysis.decode_function})",
+        f"  ops total          {analysis.ops_total} ({analysis.dispatch_ops} dispatched per token)",
+        f"  tile ops           {analysis.tile_ops} ({analysis.tile_output_bytes / mib:.1f} MiB)",
+        f"  state-write ops    {analysis.state_write_ops} "
+        f"({analysis.state_write_bytes:,} bytes per token)",
+        f"  weight bytes       {analysis.weight_bytes:,} stored, "
+        f"{analysis.weight_file_bytes:,} in the weight file",
+    ]
+    for encoding, size in sorted(analysis.weight_bytes_by_encoding.items()):
+        lines.append(f"    {encoding:28s} {size / mib:10.2f} MiB")
+    lines += [
+        f"  bytes per token    {moved.total:,} ({moved.total / mib:.1f} MiB)",
+        f"    weights          {moved.weights / mib:10.2f} MiB",
+        f"    kv read          {moved.kv_read / mib:10.2f} MiB at full context "
+        f"({moved.kv_positions} positions; {moved.kv_read_per_position:,} bytes per position)",
+        f"    kv write         {moved.kv_write / mib:10.2f} MiB",
+        f"    redundant        {moved.redundant / mib:10.2f} MiB "
+        f"({len(analysis.redundant_ops)} copies, {analysis.redundant_output_bytes / mib:.1f} MiB "
+        "written and read again)",
+    ]
+    for copy in analysis.redundant_ops:
+        lines.append(
+            f"      {copy.kind:13s} {copy.name} {copy.shape} {copy.dtype} "
+            f"{copy.bytes / mib:.2f} MiB <- {copy.source_op} {copy.source}"
+        )
+    for device_class, rate in analysis.predicted_tok_s().items():
+        lines.append(f"  predicted          {device_class}: {rate:.2f} tok/s")
+    if analysis.unknown_ops:
+        unknown = ", ".join(f"{op} {count}" for op, count in sorted(analysis.unknown_ops.items()))
+        lines.append(f"  unknown ops        {unknown}")
+    lines.append("  op histogram")
+    for op_type, count in sorted(analysis.op_counts.items(), key=lambda item: (-item[1], item[0])):
+        lines.append(f"    {op_type:28s} {count}")
+    return "\n".join(lines)

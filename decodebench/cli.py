@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from decodebench.domain import Attention, Quant, VariantSpec
+from decodebench.domain import Attention, KVCache, VariantSpec
 
 
 class CliError(Exception):
@@ -29,32 +29,93 @@ def _progress_printer(quiet: bool):
 def cmd_build(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from decodebench.buildcache import BuildCache, model_identity, request_key, toolchain_versions
     from decodebench.presets import PRESETS
 
-    if args.preset not in PRESETS:
+    weights = Path(args.weights) if args.weights else None
+    if weights is None and args.preset is None:
+        raise CliError("give --preset NAME or --weights DIR")
+    if weights is None and args.preset not in PRESETS:
         raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    if weights is not None and not (weights / "config.json").is_file():
+        raise CliError(f"--weights: {weights} has no config.json")
     try:
         variant = VariantSpec(
-            attention=args.attention, context=args.context, layers=args.layers, quant=args.quant
+            attention=args.attention,
+            kv=args.kv,
+            context=args.context,
+            prefill_chunk=args.prefill_chunk,
+            layers=args.layers,
+            quant=args.quant,
         )
     except ValidationError as error:
         first = error.errors()[0]
-        raise CliError(f"--{first['loc'][0]}: {first['msg']}") from None
-    from decodebench.build import build_variant
-
+        field = str(first["loc"][0]) if first["loc"] else "variant"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise CliError(f"--{field.replace('_', '-')}: {message}") from None
     out_dir = Path(args.out)
-    report = build_variant(args.preset, variant, out_dir, progress=_progress_printer(args.quiet))
-    analysis = report.analysis
-    print(
-        f"built {out_dir / 'model.mlpackage'}: {analysis.ops_total} ops, "
-        f"{analysis.tile_ops} tile ops ({analysis.tile_output_bytes / 2**20:.1f} MiB), "
-        f"{analysis.bytes_per_token.total:,} bytes moved per token"
-    )
+    model = args.preset or weights.resolve().name  # type: ignore[union-attr]
+    cache = None if args.no_cache else BuildCache(Path(args.cache_dir) if args.cache_dir else None)
+
+    # The cache is asked before torch and coremltools are imported: a hit takes milliseconds.
+    fingerprint = None
+    if weights is not None:
+        from decodebench.weights import WeightsError
+        from decodebench.weights import fingerprint as weights_fingerprint
+
+        memo = (cache.root if cache else out_dir) / "fingerprints.json"
+        try:
+            fingerprint = weights_fingerprint(weights, memo)
+        except WeightsError as error:
+            raise CliError(f"--weights: {error}") from None
+    key = request_key(model_identity(model, fingerprint), variant, toolchain_versions())
+    hit = _cached_build(out_dir, key, cache)
+    if hit is not None:
+        print(f"cache hit {key[:12]}: {out_dir / 'model.mlpackage'} ({_summary(hit)})")
+        return 0
+
+    from decodebench.build import BuildError, build_variant
+    from decodebench.weights import WeightsError
+
+    try:
+        report = build_variant(
+            model, variant, out_dir, progress=_progress_printer(args.quiet),
+            weights=weights, cache=cache,
+        )  # fmt: skip
+    except (BuildError, WeightsError) as error:
+        raise CliError(str(error)) from None
+    print(f"built {out_dir / 'model.mlpackage'} in {report.wall_seconds:.1f}s "
+          f"(key {report.key[:12]}): {_summary(report.model_dump(mode='json'))}")
     return 0
 
 
+def _cached_build(out_dir: Path, key: str, cache: Any) -> dict[str, Any] | None:
+    from decodebench.buildcache import read_report
+
+    existing = read_report(out_dir)
+    if existing is not None and existing.get("key") == key:
+        return existing
+    return cache.restore(key, out_dir) if cache is not None else None
+
+
+def _summary(report: dict[str, Any]) -> str:
+    analysis = report["analysis"]
+    parts = [
+        f"{analysis['ops_total']} ops",
+        f"{analysis['tile_ops']} tile ops ({analysis['tile_output_bytes'] / 2**20:.1f} MiB)",
+        f"{analysis['bytes_per_token']['total']:,} bytes moved per token",
+    ]
+    quant = report.get("quant")
+    if quant:
+        compressed = ", ".join(f"{count} {op}" for op, count in sorted(quant["constexpr_ops"].items()))
+        parts.append(f"quant {quant['recipe']}: {compressed}")
+        if quant["promoted_layers"]:
+            parts.append(f"int8 layers {quant['promoted_layers']}")
+    return "; ".join(parts)
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from decodebench.analysis import AnalysisError, analyze_mlpackage
+    from decodebench.analysis import AnalysisError, analyze_mlpackage, render_analysis
 
     try:
         analysis = analyze_mlpackage(Path(args.path))
@@ -64,16 +125,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         payload = analysis.model_dump(mode="json")
         print(json.dumps(payload, indent=2, sort_keys=True))
         return 0
-    print(f"{args.path}")
-    print(f"  ops total          {analysis.ops_total}")
-    print(
-        f"  tile ops           {analysis.tile_ops} ({analysis.tile_output_bytes / 2**20:.1f} MiB)"
-    )
-    print(f"  state-write ops    {analysis.state_write_ops}")
-    print(f"  weight bytes       {analysis.weight_bytes:,}")
-    print(f"  bytes per token    {analysis.bytes_per_token.total:,}")
-    for op_type, count in sorted(analysis.op_counts.items(), key=lambda item: (-item[1], item[0])):
-        print(f"    {op_type:28s} {count}")
+    print(render_analysis(analysis, str(args.path)))
     return 0
 
 
@@ -206,12 +258,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     build = commands.add_parser("build", help="convert one variant to an .mlpackage and analyse it")
-    build.add_argument("--preset", required=True)
+    source = build.add_mutually_exclusive_group()
+    source.add_argument("--preset", default=None, help="model preset (random weights)")
+    source.add_argument("--weights", default=None, help="Hugging Face folder: config.json + *.safetensors")
     build.add_argument("--attention", choices=[a.value for a in Attention], default="folded")
+    build.add_argument("--kv", choices=[k.value for k in KVCache], default="state")
     build.add_argument("--context", type=int, default=512)
+    build.add_argument("--prefill-chunk", type=int, default=None, help="add a prefill function")
     build.add_argument("--layers", type=int, default=None)
-    build.add_argument("--quant", choices=[q.value for q in Quant], default="fp16")
+    build.add_argument(
+        "--quant", default="fp16", help="recipe: fp16, w8, w4, base, topK, or rules like ffn=int4/32"
+    )
     build.add_argument("--out", required=True, help="output folder (model.mlpackage, build.json)")
+    build.add_argument("--no-cache", action="store_true", help="neither reuse nor store builds")
+    build.add_argument("--cache-dir", default=None, help="build cache (default ~/.cache/decodebench)")
     build.add_argument("--quiet", action="store_true")
     build.set_defaults(handler=cmd_build)
 
@@ -219,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("path")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
     analyze.set_defaults(handler=cmd_analyze)
+    from decodebench.commands import diff, fold, verify
+
+    for command in (diff, fold, verify):
+        command.register(commands)
 
     for name, handler, help_text in (
         ("submit", cmd_submit, "submit a sweep to a server"),

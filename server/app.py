@@ -15,6 +15,7 @@ from server.artifacts.endpoints import router as artifacts_router
 from server.auth import SessionDep
 from server.builds.endpoints import router as builds_router
 from server.errors import install_error_handlers
+from server.profiles.endpoints import router as profiles_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.pages import LoginRequired
 from server.ui.pages import router as ui_router
@@ -37,7 +38,14 @@ def create_app() -> FastAPI:
         session.execute(text("select 1"))
         return {"status": "ok", "version": __version__}
 
-    for router in (sweeps_router, builds_router, agents_router, artifacts_router, ui_router):
+    for router in (
+        sweeps_router,
+        builds_router,
+        profiles_router,
+        agents_router,
+        artifacts_router,
+        ui_router,
+    ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"
     app.mount("/static", StaticFiles(directory=static), name="static")

@@ -217,3 +217,24 @@ class Transition(Base):
     to_state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime] = _now_column()
+
+
+class ProfileCalibration(Base):
+    """One least-squares fit of a device class's profile to its runs (see server/profiles)."""
+
+    __tablename__ = "profile_calibrations"
+    __table_args__ = (Index("ix_profile_calibrations_device_class", "device_class", "created_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_class: Mapped[str] = mapped_column(String(64))
+    effective_bandwidth_mb_s: Mapped[float] = mapped_column(Float)
+    dispatch_overhead_us: Mapped[float] = mapped_column(Float)
+    calibrated_parameters: Mapped[list[Any]]
+    runs: Mapped[int] = mapped_column(Integer)
+    builds: Mapped[int] = mapped_column(Integer)
+    includes_simulated: Mapped[bool] = mapped_column(Boolean)
+    rms_relative_error: Mapped[float] = mapped_column(Float)
+    note: Mapped[str] = mapped_column(Text, default="")
+    points: Mapped[list[Any]]
+    requested_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = _now_column()

@@ -21,7 +21,8 @@ os.environ["DECODEBENCH_BROKER_URL"] = REDIS_URL
 os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
 
 TABLES = (
-    "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions"
+    "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions, "
+    "profile_calibrations"
 )
 
 

@@ -16,6 +16,7 @@ from decodebench.protocol import (
 from server.artifacts.endpoints import get_store
 from server.auth import SessionDep, UserToken, WorkerToken
 from server.builds import service
+from server.builds.diff import diff_builds
 from server.builds.views import build_view
 from server.errors import InvalidInput
 from server.tasks import enqueue_build
@@ -30,6 +31,13 @@ class WorkerIdentity(BaseModel):
 @router.get("/{build_id}")
 def get_build(build_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
     return build_view(service.get_build(session, build_id), detail=True)
+
+
+@router.get("/{build_id}/diff/{other_id}")
+def diff(build_id: int, other_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
+    """What changes from build ``build_id`` (A) to ``other_id`` (B): ops, bytes moved per token
+    by category, redundant copies only one of them makes, and the predicted speed-up of B."""
+    return diff_builds(session, build_id, other_id).model_dump(mode="json")
 
 
 @router.get("/{build_id}/assignment", response_model=BuildAssignment)

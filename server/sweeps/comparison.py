@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from decodebench.profiles import DEVICE_PROFILES
 from decodebench.stats import summarize
 from server.builds.views import analysis_summary
 from server.models import PromptResultRow, Run, RunState, Sweep
+from server.profiles.service import current_profiles
 
 
 def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str, Any]]:
@@ -35,12 +35,14 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str
     for run in runs:
         runs_by_cell[(run.sweep_variant_id, run.device_class)].append(run)
 
+    profiles = current_profiles(session)
     table: list[dict[str, Any]] = []
     for device_class in sweep.spec["devices"]:
+        profile = profiles[device_class]
         baseline: float | None = None
         for sweep_variant in sweep.variants:
             cell = (sweep_variant.id, device_class)
-            analysis = analysis_summary(sweep_variant.build)
+            analysis = analysis_summary(sweep_variant.build, profiles)
             samples = rates.get(cell, [])
             summary = summarize(samples) if samples else None
             if sweep_variant.position == 0:
@@ -52,7 +54,7 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str
                     "build_id": sweep_variant.build_id,
                     "build_state": sweep_variant.build.state,
                     "device_class": device_class,
-                    "device_name": DEVICE_PROFILES[device_class].display_name,
+                    "device_name": profile.display_name,
                     "runs_total": len(cell_runs),
                     "runs_succeeded": sum(run.state == RunState.succeeded for run in cell_runs),
                     "runs_failed": sum(run.state == RunState.failed for run in cell_runs),
@@ -63,8 +65,10 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str
                         summary.mean / baseline if summary is not None and baseline else None
                     ),
                     "predicted_tok_s": (
-                        analysis["predicted_tok_s"][device_class] if analysis else None
+                        analysis["predicted_tok_s"].get(device_class) if analysis else None
                     ),
+                    "prediction_calibrated": profile.calibrated,
+                    "prediction_source": profile.source,
                     "tile_ops": analysis["tile_ops"] if analysis else None,
                     "tile_mib": analysis["tile_output_mib"] if analysis else None,
                     "bytes_per_token": analysis["bytes_per_token"]["total"] if analysis else None,

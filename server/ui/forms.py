@@ -19,7 +19,7 @@ def sweep_spec_from_form(form: FormData) -> SweepSpec:
         if not attention:
             continue
         variant: dict[str, Any] = {"attention": attention}
-        for field in ("name", "context", "layers"):
+        for field in ("name", "kv", "context", "prefill_chunk", "layers", "quant"):
             value = str(form.get(f"variant{index}_{field}", "")).strip()
             if value:
                 variant[field] = value

@@ -10,13 +10,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from decodebench.domain import Attention, SweepSpec
+from decodebench.domain import Attention, KVCache, SweepSpec
 from decodebench.presets import PRESETS
 from decodebench.profiles import DEVICE_PROFILES
 from server.agents.service import list_devices
 from server.auth import UI_COOKIE, SessionDep, lookup_token
+from server.builds.diff import diff_builds
 from server.config import get_settings
+from server.errors import Conflict
 from server.models import ApiToken, TokenKind
+from server.profiles import service as profiles_service
+from server.profiles.views import current_profile_views
 from server.sweeps import service
 from server.sweeps.views import sweep_detail
 from server.ui.forms import MAX_FORM_VARIANTS, sweep_spec_from_form, validation_messages
@@ -76,6 +80,8 @@ def _form_context(**extra: Any) -> dict[str, Any]:
         "presets": sorted(PRESETS),
         "device_profiles": DEVICE_PROFILES,
         "attentions": [attention.value for attention in Attention],
+        "kv_modes": [kv.value for kv in KVCache],
+        "quant_presets": ["fp16", "w8", "w4", "base", "top8", "top12"],
         "max_variants": MAX_FORM_VARIANTS,
         **extra,
     }
@@ -114,3 +120,45 @@ def sweep_page(request: Request, sweep_id: int, user: UiUser, session: SessionDe
 @router.get("/devices", response_class=HTMLResponse)
 def devices_page(request: Request, user: UiUser, session: SessionDep) -> HTMLResponse:
     return _render(request, "devices.html", user=user, devices=list_devices(session))
+
+
+@router.get("/profiles", response_class=HTMLResponse)
+def profiles_page(request: Request, user: UiUser, session: SessionDep) -> HTMLResponse:
+    return _render(
+        request, "profiles.html", user=user, profiles=current_profile_views(session), error=None
+    )
+
+
+@router.post("/profiles/{device_class}/calibrate")
+async def calibrate_profile(
+    request: Request, device_class: str, user: UiUser, session: SessionDep
+) -> Response:
+    form = await request.form()
+    include_simulated = form.get("include_simulated") == "1"
+    try:
+        profiles_service.calibrate(
+            session, device_class, user.name, include_simulated=include_simulated
+        )
+    except Conflict as error:
+        return _render(
+            request,
+            "profiles.html",
+            status_code=409,
+            user=user,
+            profiles=current_profile_views(session),
+            error=error.message,
+        )
+    return RedirectResponse("/profiles", status_code=303)
+
+
+@router.get("/builds/{build_id}/diff/{other_id}", response_class=HTMLResponse)
+def build_diff_page(
+    request: Request, build_id: int, other_id: int, user: UiUser, session: SessionDep
+) -> HTMLResponse:
+    try:
+        diff = diff_builds(session, build_id, other_id).model_dump(mode="json")
+    except Conflict as error:
+        return _render(
+            request, "build_diff.html", status_code=409, user=user, diff=None, error=error.message
+        )
+    return _render(request, "build_diff.html", user=user, diff=diff, error=None)

@@ -1,0 +1,1 @@
+"""Device profiles: the built-in priors and their calibrations from measured runs."""

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from server.auth import SessionDep, UserToken
+from server.profiles import service
+from server.profiles.views import calibration_view, current_profile_views, profile_view
+
+router = APIRouter(prefix="/api/v1/profiles", tags=["profiles"])
+
+
+class CalibrationRequest(BaseModel):
+    include_simulated: bool = Field(
+        default=False,
+        description="Also fit runs on simulated devices (labelled SIMULATED; a calibration "
+        "from measured runs always takes precedence)",
+    )
+
+
+@router.get("")
+def list_profiles(token: UserToken, session: SessionDep) -> list[dict[str, Any]]:
+    """Every device class's current profile: priors, fitted values and how they were fitted."""
+    return current_profile_views(session)
+
+
+@router.get("/{device_class}")
+def get_profile(device_class: str, token: UserToken, session: SessionDep) -> dict[str, Any]:
+    prior = service.default_profile(device_class)
+    calibration = service.current_calibrations(session).get(device_class)
+    return {
+        **profile_view(service.current_profiles(session)[device_class], prior, calibration),
+        "history": [
+            calibration_view(row, points=True)
+            for row in service.calibration_history(session, device_class)
+        ],
+    }
+
+
+@router.post("/{device_class}/calibrations", status_code=201)
+def calibrate(
+    device_class: str, body: CalibrationRequest, token: UserToken, session: SessionDep
+) -> dict[str, Any]:
+    """Fit the device class's profile to its succeeded runs and make it current."""
+    calibration = service.calibrate(
+        session, device_class, token.name, include_simulated=body.include_simulated
+    )
+    return calibration_view(calibration, points=True)

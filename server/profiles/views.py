@@ -1,0 +1,71 @@
+"""How a device profile and its calibrations are shown in API responses and pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from decodebench.profiles import BANDWIDTH, DEVICE_PROFILES, OVERHEAD, DeviceProfile
+from server.models import ProfileCalibration
+from server.profiles import service
+
+PARAMETER_LABELS = {
+    BANDWIDTH: ("effective bandwidth", "MB/s"),
+    OVERHEAD: ("dispatch overhead per op", "µs"),
+}
+
+
+def calibration_view(calibration: ProfileCalibration, *, points: bool = False) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": calibration.id,
+        "device_class": calibration.device_class,
+        "effective_bandwidth_mb_s": calibration.effective_bandwidth_mb_s,
+        "dispatch_overhead_us": calibration.dispatch_overhead_us,
+        "calibrated_parameters": calibration.calibrated_parameters,
+        "runs": calibration.runs,
+        "builds": calibration.builds,
+        "includes_simulated": calibration.includes_simulated,
+        "rms_relative_error": calibration.rms_relative_error,
+        "note": calibration.note,
+        "requested_by": calibration.requested_by,
+        "created_at": calibration.created_at.isoformat() if calibration.created_at else None,
+    }
+    if points:
+        view["points"] = calibration.points
+    return view
+
+
+def profile_view(
+    profile: DeviceProfile, prior: DeviceProfile, calibration: ProfileCalibration | None
+) -> dict[str, Any]:
+    return {
+        "device_class": profile.device_class,
+        "display_name": profile.display_name,
+        "product_types": list(profile.product_types),
+        "source": profile.source,
+        "calibrated": profile.calibrated,
+        "calibration_runs": profile.calibration_runs,
+        "calibration_builds": profile.calibration_builds,
+        "parameters": [
+            {
+                "name": name,
+                "label": PARAMETER_LABELS[name][0],
+                "unit": PARAMETER_LABELS[name][1],
+                "value": getattr(profile, name),
+                "prior": getattr(prior, name),
+                "calibrated": name in profile.calibrated_parameters,
+            }
+            for name in (BANDWIDTH, OVERHEAD)
+        ],
+        "calibration": calibration_view(calibration) if calibration else None,
+    }
+
+
+def current_profile_views(session: Session) -> list[dict[str, Any]]:
+    current = service.current_profiles(session)
+    calibrations = service.current_calibrations(session)
+    return [
+        profile_view(current[name], prior, calibrations.get(name))
+        for name, prior in DEVICE_PROFILES.items()
+    ]
