@@ -151,3 +151,29 @@ def check_manifest(package: Path) -> None:
 
 def directory_bytes(path: Path) -> int:
     return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+
+
+class PackageCache:
+    """Unpacked, checked packages by artifact address: `<root>/<sha256>/…`, each unpacked once."""
+
+    MARKER = ".package"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def unpacked(self, sha256: str, artifact_path: Path) -> Path:
+        destination = self.root / sha256
+        with self._locks_guard:
+            lock = self._locks.setdefault(sha256, threading.Lock())
+        with lock:
+            marker = destination / self.MARKER
+            if marker.is_file():
+                package = destination / marker.read_text()
+                if (package / MANIFEST).is_file():
+                    return package
+            self.root.mkdir(parents=True, exist_ok=True)
+            package = unpack_mlpackage(artifact_path, destination)
+            marker.write_text(package.relative_to(destination).as_posix())
+            return package

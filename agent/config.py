@@ -1,4 +1,9 @@
-"""Agent settings: command-line flags, falling back to DECODEBENCH_* environment variables."""
+"""Agent settings: command-line flags, falling back to DECODEBENCH_* environment variables.
+
+Drivers (`--driver`): `simulated` (a formula per device class, no devices), `emulated` (an
+in-process fake usbmuxd with emulated iPhones, driven through the real pymobiledevice3 path),
+`pymobiledevice3` (the iPhones usbmuxd sees), `host` (the PyTorch reference on this CPU).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.drivers.simulated import SimulatedDevice
 from decodebench.profiles import DEVICE_PROFILES
@@ -17,6 +23,9 @@ from decodebench.profiles import DEVICE_PROFILES
 ENV_PREFIX = "DECODEBENCH_"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "decodebench-agent"
+DRIVERS = ("simulated", "emulated", "pymobiledevice3", "host")
+FAKE_DEVICE_DRIVERS = {"simulated", "emulated"}
+Driver = Literal["simulated", "emulated", "pymobiledevice3", "host"]
 
 
 class AgentSettings(BaseModel):
@@ -25,8 +34,25 @@ class AgentSettings(BaseModel):
     server_url: str = DEFAULT_SERVER_URL
     token: str = Field(min_length=1, repr=False)
     name: str = Field(min_length=1, max_length=128)
+    driver: Driver = "simulated"
     simulated: tuple[str, ...] = Field(
-        default=(), description="Device classes, one simulated iPhone each"
+        default=(), description="Device classes, one simulated (or emulated) iPhone each"
+    )
+    emulated_faults: tuple[str, ...] = Field(
+        default=(),
+        description="INDEX=SPEC faults of emulated devices (decodebench.emulated.faults)",
+    )
+    emulated_tokens: Literal["auto", "torch", "mil", "off"] = "auto"
+    usbmux_address: str | None = Field(default=None, description="HOST:PORT or socket path")
+    harness_ipa: Path | None = None
+    tunneld_address: str | None = Field(default=None, description="HOST:PORT of tunneld")
+    host_device_class: str = "host-cpu"
+    host_threads: int | None = Field(default=None, ge=1)
+    min_battery: int = Field(default=20, ge=0, le=100)
+    cooldown_s: float = Field(default=120.0, ge=0)
+    health_interval_s: float = Field(default=10.0, gt=0)
+    device_hold_s: float = Field(
+        default=15.0, gt=0, description="First hold after a device failure; doubles each time"
     )
     work_dir: Path = DEFAULT_WORK_DIR
     poll_interval_s: float = Field(default=2.0, gt=0)
@@ -48,6 +74,14 @@ class AgentSettings(BaseModel):
                 known = ", ".join(sorted(DEVICE_PROFILES))
                 raise ValueError(f"unknown device class {device_class!r}; known: {known}")
         return value
+
+    @model_validator(mode="after")
+    def _faults_name_devices(self) -> AgentSettings:
+        if self.emulated_faults:
+            from agent.drivers.faults_spec import check_fault_specs
+
+            check_fault_specs(self.emulated_faults, len(self.simulated))
+        return self
 
     def simulated_devices(self) -> list[SimulatedDevice]:
         return [
@@ -78,11 +112,63 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--name", default=env("AGENT_NAME", socket.gethostname()), help="env AGENT_NAME"
     )
     parser.add_argument(
+        "--driver",
+        choices=DRIVERS,
+        default=env("AGENT_DRIVER", "simulated"),
+        help="how devices are driven (env AGENT_DRIVER); default simulated",
+    )
+    parser.add_argument(
         "--simulated",
+        "--devices",
+        dest="simulated",
         default=env("AGENT_SIMULATED", ""),
         metavar="CLASS[,CLASS…]",
-        help="simulated iPhones, one per listed device class, e.g. iphone-16-pro,iphone-17-pro "
-        "(env AGENT_SIMULATED)",
+        help="simulated or emulated iPhones, one per listed device class, e.g. "
+        "iphone-16-pro,iphone-17-pro (env AGENT_SIMULATED)",
+    )
+    parser.add_argument(
+        "--emulated-fault",
+        action="append",
+        default=[part for part in (env("AGENT_EMULATED_FAULTS") or "").split(";") if part],
+        metavar="INDEX=SPEC",
+        help="arm a fault or condition on emulated device INDEX, e.g. 0=disconnect-mid-push, "
+        "1=app-crash:2, 0=locked, 1=thermal=serious (repeatable; env AGENT_EMULATED_FAULTS, "
+        "';'-separated)",
+    )
+    parser.add_argument(
+        "--emulated-tokens",
+        choices=("auto", "torch", "mil", "off"),
+        default=env("AGENT_EMULATED_TOKENS", "auto"),
+        help="where the emulated harness gets greedy tokens: mil (the pushed package in the MIL "
+        "reference interpreter: faithful, slow), torch (the PyTorch reference), off, auto "
+        "(torch for small models)",
+    )
+    parser.add_argument(
+        "--usbmux-address",
+        default=env("USBMUXD_ADDRESS"),
+        help="usbmuxd as HOST:PORT or socket path (pymobiledevice3 driver; default: the system one)",
+    )
+    parser.add_argument(
+        "--harness-ipa", type=Path, default=env("AGENT_HARNESS_IPA"), help="installed when missing"
+    )
+    parser.add_argument(
+        "--tunneld", default=env("AGENT_TUNNELD"), help="HOST:PORT of tunneld (iOS 17+)"
+    )
+    parser.add_argument("--host-device-class", default=env("AGENT_HOST_DEVICE_CLASS", "host-cpu"))
+    parser.add_argument("--host-threads", type=int, default=env("AGENT_HOST_THREADS"))
+    parser.add_argument("--min-battery", type=int, default=env("AGENT_MIN_BATTERY", "20"))
+    parser.add_argument("--cooldown", type=float, default=env("AGENT_COOLDOWN", "120"))
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        default=env("AGENT_HEALTH_INTERVAL", "10"),
+        help="seconds between health probes of a ready device",
+    )
+    parser.add_argument(
+        "--device-hold",
+        type=float,
+        default=env("AGENT_DEVICE_HOLD", "15"),
+        help="seconds a device rests after failing a run (locked, unplugged …); doubles each time",
     )
     parser.add_argument(
         "--work-dir", type=Path, default=env("AGENT_WORK_DIR", str(DEFAULT_WORK_DIR))
@@ -122,9 +208,9 @@ def parse_settings(
     if not args.token:
         parser.error(f"an agent token is required: set {ENV_PREFIX}AGENT_TOKEN or pass --token")
     simulated = tuple(part.strip() for part in args.simulated.split(",") if part.strip())
-    if not simulated:
+    if not simulated and args.driver in FAKE_DEVICE_DRIVERS:
         parser.error(
-            "no devices: pass --simulated with device classes, e.g. "
+            f"no devices: the {args.driver} driver needs --simulated with device classes, e.g. "
             f"--simulated {','.join(sorted(DEVICE_PROFILES))}"
         )
     try:
@@ -132,7 +218,19 @@ def parse_settings(
             server_url=args.server_url,
             token=args.token,
             name=args.name,
+            driver=args.driver,
             simulated=simulated,
+            emulated_faults=tuple(args.emulated_fault),
+            emulated_tokens=args.emulated_tokens,
+            usbmux_address=args.usbmux_address,
+            harness_ipa=args.harness_ipa,
+            tunneld_address=args.tunneld,
+            host_device_class=args.host_device_class,
+            host_threads=args.host_threads,
+            min_battery=args.min_battery,
+            cooldown_s=args.cooldown,
+            health_interval_s=args.health_interval,
+            device_hold_s=args.device_hold,
             work_dir=args.work_dir,
             poll_interval_s=args.poll_interval,
             heartbeat_interval_s=args.heartbeat_interval,

@@ -13,8 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass, field
 from types import FrameType
 
 import httpx
@@ -22,93 +21,44 @@ import httpx
 from agent.artifacts import ArtifactCache
 from agent.config import AgentSettings, parse_settings
 from agent.drivers.base import DeviceDriver
-from agent.drivers.simulated import SimulatedDriver
-from agent.runner import RunExecutor
+from agent.drivers.factory import build_driver
+from agent.health import BUSY, READY, DeviceHealth, HealthPolicy, gate
+from agent.registration import (
+    MAX_BACKOFF_S,
+    RegistrationRefused,
+    ServerUnreachable,
+    agent_version,
+    is_transient,
+    register_with_backoff,
+)
+from agent.runner import RunExecutor, RunOutcome
 from decodebench.client import ApiError, DecodebenchClient
-from decodebench.protocol import AgentRegistered, AgentRegistration, DeviceInfo
+from decodebench.protocol import AgentRegistration, DeviceInfo
 
 log = logging.getLogger("agent")
 
-MAX_BACKOFF_S = 60.0
+__all__ = [  # the registration helpers stay importable from here
+    "Agent",
+    "RegistrationRefused",
+    "ServerUnreachable",
+    "build_driver",
+    "is_transient",
+    "main",
+    "register_with_backoff",
+]
+
 SUPERVISE_TICK_S = 0.2
-
-
-class RegistrationRefused(Exception):
-    """The server is reachable but will not register this agent (bad token, bad inventory)."""
-
-
-class ServerUnreachable(Exception):
-    pass
 
 
 @dataclass
 class DeviceSlot:
     info: DeviceInfo
+    health: DeviceHealth = field(default_factory=DeviceHealth)
     current_run: int | None = None
     empty_polls: int = 0
-
-
-def agent_version() -> str:
-    try:
-        return version("decodebench")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def is_transient(error: Exception) -> bool:
-    """Worth retrying: the server is down, restarting, overloaded or behind a failing proxy."""
-    if isinstance(error, ApiError):
-        return error.status_code >= 500 or error.status_code in {408, 429}
-    return isinstance(error, httpx.TransportError)
-
-
-def register_with_backoff(
-    client: DecodebenchClient,
-    registration: AgentRegistration,
-    stop: threading.Event,
-    give_up_after_s: float | None = None,
-    first_delay_s: float = 1.0,
-) -> AgentRegistered | None:
-    """Register, retrying with exponential back-off while the server is unreachable.
-
-    Returns None if `stop` is set first; raises `RegistrationRefused` on a definitive refusal
-    and `ServerUnreachable` after `give_up_after_s`.
-    """
-    started = time.monotonic()
-    delay_s = first_delay_s
-    attempt = 0
-    while not stop.is_set():
-        attempt += 1
-        try:
-            registered = client.register_agent(registration)
-        except (ApiError, httpx.HTTPError) as error:
-            if not is_transient(error):
-                raise RegistrationRefused(f"server refused registration: {error}") from error
-            waited_s = time.monotonic() - started
-            if give_up_after_s is not None and waited_s + delay_s > give_up_after_s:
-                raise ServerUnreachable(
-                    f"server {client.base_url} unreachable for {waited_s:.0f} s "
-                    f"({attempt} attempts), last error: {error!r}"
-                ) from error
-            log.warning(
-                "registration attempt %d at %s failed (%r); retrying in %.0f s",
-                attempt,
-                client.base_url,
-                error,
-                delay_s,
-            )
-            stop.wait(delay_s)
-            delay_s = min(delay_s * 2, MAX_BACKOFF_S)
-            continue
-        log.info(
-            "registered as agent %d with %d device(s); heartbeat every %g s, leases of %d s",
-            registered.agent_id,
-            len(registration.devices),
-            registered.heartbeat_interval_s,
-            registered.lease_seconds,
-        )
-        return registered
-    return None
+    connected: bool = True
+    probed_at: float | None = None
+    thread: threading.Thread | None = None
 
 
 class Agent:
@@ -118,6 +68,11 @@ class Agent:
         self.settings = settings
         self.client = client
         self.driver = driver
+        self.policy = HealthPolicy(
+            min_battery=settings.min_battery,
+            cooldown_s=settings.cooldown_s,
+            hold_s=settings.device_hold_s,
+        )
         self.stop = threading.Event()
         self.executor = RunExecutor(
             client,
@@ -128,6 +83,7 @@ class Agent:
         )
         self._slots: dict[str, DeviceSlot] = {}
         self._lock = threading.Lock()
+        self._inventory_changed = threading.Event()
         self._last_activity = time.monotonic()
         self._stop_reason = ""
 
@@ -138,13 +94,20 @@ class Agent:
         self._stop_reason = reason
         log.info("shutting down: %s", reason)
         self.stop.set()
+        self._inventory_changed.set()  # wake the heartbeat thread
 
     def run(self) -> int:
         """Serve until stopped; the process exit status."""
-        self._slots = {device.udid: DeviceSlot(device) for device in self.driver.discover()}
-        if not self._slots:
+        devices = self.driver.discover()
+        if not devices and self.settings.driver == "simulated":
             log.error("no devices found by the %s driver; nothing to do", self.driver.name)
             return 1
+        if not devices:
+            log.warning(
+                "no devices attached yet; waiting for the %s driver to find some", self.driver.name
+            )
+        with self._lock:
+            self._slots = {device.udid: DeviceSlot(device) for device in devices}
         try:
             registered = register_with_backoff(
                 self.client,
@@ -158,22 +121,29 @@ class Agent:
         if registered is None:
             return 0
         heartbeat_s = self.settings.heartbeat_interval_s or registered.heartbeat_interval_s
-        threads = [
-            threading.Thread(target=self._heartbeat_loop, args=(heartbeat_s,), name="heartbeat")
-        ]
-        threads += [
-            threading.Thread(target=self._device_loop, args=(slot,), name=f"device-{udid}")
-            for udid, slot in self._slots.items()
-        ]
+        heartbeat = threading.Thread(
+            target=self._heartbeat_loop, args=(heartbeat_s,), name="heartbeat"
+        )
         self._touch()
-        for thread in threads:
-            thread.start()
+        heartbeat.start()
+        with self._lock:
+            slots = list(self._slots.values())
+        for slot in slots:
+            self._start_device_thread(slot)
         self._supervise()
-        for thread in threads:
-            thread.join()
+        heartbeat.join()
+        for slot in slots + list(self._slots.values()):
+            if slot.thread is not None:
+                slot.thread.join()
         self._send_heartbeat(status="offline")
         log.info("agent stopped (%s)", self._stop_reason)
         return 0
+
+    def _start_device_thread(self, slot: DeviceSlot) -> None:
+        slot.thread = threading.Thread(
+            target=self._device_loop, args=(slot,), name=f"device-{slot.info.udid}"
+        )
+        slot.thread.start()
 
     def _registration(self) -> AgentRegistration:
         return AgentRegistration(
@@ -183,13 +153,18 @@ class Agent:
             devices=self._inventory(),
         )
 
+    def inventory(self) -> list[DeviceInfo]:
+        """The devices as the server is told about them (connected ones, with their status)."""
+        return self._inventory()
+
     def _inventory(self, status: str | None = None) -> list[DeviceInfo]:
         with self._lock:
             return [
                 slot.info.model_copy(
-                    update={"status": status or ("busy" if slot.current_run else "ready")}
+                    update={"status": status or (BUSY if slot.current_run else slot.info.status)}
                 )
                 for slot in self._slots.values()
+                if slot.connected
             ]
 
     def _touch(self) -> None:
@@ -199,10 +174,12 @@ class Agent:
     def _supervise(self) -> None:
         settings = self.settings
         while not self.stop.wait(SUPERVISE_TICK_S):
+            self._reconcile_devices()
             with self._lock:
-                busy = any(slot.current_run is not None for slot in self._slots.values())
+                slots = [slot for slot in self._slots.values() if slot.connected]
+                busy = any(slot.current_run is not None for slot in slots)
                 all_idle = not busy and all(
-                    slot.empty_polls >= settings.idle_polls for slot in self._slots.values()
+                    slot.empty_polls >= settings.idle_polls for slot in slots
                 )
                 idle_s = time.monotonic() - self._last_activity
             if settings.once and all_idle:
@@ -213,9 +190,42 @@ class Agent:
                 if idle_s > settings.max_idle_seconds:
                     self.request_stop(f"no run in flight for {idle_s:.0f} s (--max-idle-seconds)")
 
+    def _reconcile_devices(self) -> None:
+        """Follow attach and detach: new devices are announced, then served; gone ones stop."""
+        try:
+            present = {device.udid: device for device in self.driver.discover()}
+        except Exception:
+            log.exception("listing devices failed")
+            return
+        appeared: list[DeviceSlot] = []
+        with self._lock:
+            for udid, slot in self._slots.items():
+                if slot.connected and udid not in present:
+                    slot.connected = False
+                    log.warning("device %s (%s) disconnected", udid, slot.info.device_class)
+                    self._inventory_changed.set()
+            for udid, info in present.items():
+                known = self._slots.get(udid)
+                if known is not None and known.connected:
+                    continue
+                if known is None:
+                    known = self._slots[udid] = DeviceSlot(info)
+                known.connected = True
+                known.probed_at = None
+                log.info("device %s (%s) connected", udid, info.device_class)
+                appeared.append(known)
+        if appeared:
+            self._send_heartbeat()  # the server must know a device before it is claimed for
+            for slot in appeared:
+                if slot.thread is None or not slot.thread.is_alive():
+                    self._start_device_thread(slot)
+
     def _heartbeat_loop(self, interval_s: float) -> None:
-        while not self.stop.wait(interval_s):
-            self._send_heartbeat()
+        while not self.stop.is_set():
+            self._inventory_changed.wait(interval_s)
+            self._inventory_changed.clear()
+            if not self.stop.is_set():
+                self._send_heartbeat()
 
     def _send_heartbeat(self, status: str | None = None) -> None:
         try:
@@ -236,10 +246,50 @@ class Agent:
         except (ApiError, httpx.HTTPError) as error:
             log.warning("registering again failed: %s", error)
 
+    def _check_health(self, slot: DeviceSlot) -> DeviceInfo:
+        """The device's gated info; probes the driver at most every health interval while ready,
+        and not at all while the device is held after a device failure."""
+        now = time.monotonic()
+        health = slot.health
+        held = health.held_status is not None
+        fresh = (
+            slot.probed_at is not None
+            and now - slot.probed_at < self.settings.health_interval_s
+            and slot.info.status == READY
+        )
+        info = slot.info
+        if not (held and now < health.held_until) and not fresh:
+            try:
+                info = self.driver.health(slot.info)
+            except Exception as error:  # a probe must never kill the device thread
+                log.exception("health probe of %s failed", slot.info.udid)
+                info = slot.info.model_copy(update={"status": f"unreachable: {error}"[:64]})
+            slot.probed_at = now
+            if held:
+                if info.status == READY:
+                    health.release()
+                else:  # still unfit: keep waiting, and say why now
+                    health.held_status = info.status
+                    health.held_until = now
+        gated = gate(info, health, self.policy, now)
+        with self._lock:
+            changed = gated.status != slot.info.status
+            slot.info = gated
+        if changed:
+            log.info("device %s is %s", gated.udid, gated.status)
+            self._inventory_changed.set()
+        return gated
+
     def _device_loop(self, slot: DeviceSlot) -> None:
         udid = slot.info.udid
         failures = 0
-        while not self.stop.is_set():
+        while not self.stop.is_set() and slot.connected:
+            info = self._check_health(slot)
+            if info.status != READY:
+                with self._lock:
+                    slot.empty_polls += 1
+                self.stop.wait(self.settings.poll_interval_s)
+                continue
             try:
                 claim = self.client.claim_run(udid)
             except (ApiError, httpx.HTTPError) as error:
@@ -257,21 +307,36 @@ class Agent:
             with self._lock:
                 slot.empty_polls = 0
                 slot.current_run = claim.run.run_id
+            self._inventory_changed.set()
             self._touch()
             try:
-                self.executor.execute(claim.run, slot.info)
+                outcome = self.executor.execute(claim.run, info)
+                self._learn(slot, outcome)
             except Exception:  # execute reports run failures itself; keep the device serving
                 log.exception("run %d: unexpected error outside the run", claim.run.run_id)
             finally:
                 with self._lock:
                     slot.current_run = None
+                self._inventory_changed.set()
                 self._touch()
+        log.info(
+            "device %s: no longer serving (%s)",
+            udid,
+            "stopping" if self.stop.is_set() else "disconnected",
+        )
 
-
-def build_driver(settings: AgentSettings) -> DeviceDriver:
-    return SimulatedDriver(
-        settings.simulated_devices(), settings.work_dir, time_scale=settings.time_scale
-    )
+    def _learn(self, slot: DeviceSlot, outcome: RunOutcome) -> None:
+        if outcome.result is not None:
+            slot.health.record_thermal(outcome.result.thermal_state_end)
+        if outcome.device_status is not None:
+            hold_s = slot.health.hold(outcome.device_status, self.policy)
+            log.warning(
+                "device %s: %s; no runs for %.0f s, then it is checked again",
+                slot.info.udid,
+                outcome.device_status,
+                hold_s,
+            )
+        slot.probed_at = None  # look at the device again before the next claim
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -283,7 +348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.log_level != "DEBUG":
         logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every request at INFO
     settings.work_dir.mkdir(parents=True, exist_ok=True)
-    driver = build_driver(settings)
+    try:
+        driver = build_driver(settings)
+    except Exception as error:
+        log.error("cannot start the %s driver: %s", settings.driver, error)
+        return 2
     log.info(
         "agent %s starting: server %s, %s driver, devices %s, work dir %s",
         settings.name,
@@ -300,4 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        return agent.run()
+        try:
+            return agent.run()
+        finally:
+            driver.close()

@@ -54,9 +54,10 @@ class RunOutcome:
     completed: bool
     reason: str = ""
     result: RunResult | None = None
+    device_status: str | None = None  # what a device failure says about the device (locked …)
 
 
-def build_job(assignment: RunAssignment) -> HarnessJob:
+def build_job(assignment: RunAssignment, device: DeviceInfo | None = None) -> HarnessJob:
     """Prompts as token ids, left-truncated so prompt plus decoded tokens fit the context."""
     try:
         vocab_size = get_preset(assignment.model).vocab_size
@@ -75,11 +76,14 @@ def build_job(assignment: RunAssignment) -> HarnessJob:
         model=assignment.model,
         variant_label=assignment.variant_label,
         device_class=assignment.device_class,
+        device_udid=device.udid if device is not None else "",
+        driver=device.driver if device is not None else "",
         artifact_sha256=assignment.artifact_sha256,
         bytes_per_token=assignment.bytes_per_token,
         context_tokens=context,
         decode_tokens=assignment.decode_tokens,
         prompt_set_version=PROMPT_SET_VERSION,
+        variant=assignment.variant,
         prompts=[
             HarnessPrompt(index=prompt.index, token_ids=prompt.token_ids(vocab_size)[-room:])
             for prompt in prompts
@@ -216,7 +220,7 @@ class RunExecutor:
         step = "preparing the job"
         with LeaseKeeper(self.client, run_id, assignment.lease_seconds, cancel) as lease:
             try:
-                job = build_job(assignment)
+                job = build_job(assignment, device)
                 step = "fetching the artifact"
                 artifact = self.cache.fetch(assignment.artifact_sha256)
                 step = f"running on {device.udid}"
@@ -262,9 +266,10 @@ class RunExecutor:
         run_id = assignment.run_id
         reason, retryable = failure_reason(error, step)
         reason = reason[:MAX_REASON_CHARS]
+        device_status = error.device_status if isinstance(error, DriverError) else None
         if lease_lost:
             log.warning("run %d abandoned (lease lost): %s", run_id, reason)
-            return RunOutcome(run_id, completed=False, reason=reason)
+            return RunOutcome(run_id, completed=False, reason=reason, device_status=device_status)
         log_method = log.warning if isinstance(error, RunCancelled) else log.error
         log_method(
             "run %d failed (variant %s, %s): %s",
@@ -278,7 +283,7 @@ class RunExecutor:
             self.client.fail_run(run_id, reason, retryable=retryable)
         except Exception as report_error:  # the lease will expire and the server will retry
             log.error("run %d: could not report the failure: %s", run_id, report_error)
-        return RunOutcome(run_id, completed=False, reason=reason)
+        return RunOutcome(run_id, completed=False, reason=reason, device_status=device_status)
 
 
 def _log_claimed(assignment: RunAssignment, device: DeviceInfo) -> None:

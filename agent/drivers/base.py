@@ -14,15 +14,36 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.harness import HarnessJob, HarnessPrompt
 from decodebench.protocol import DeviceInfo, RunResult
+
+__all__ = [
+    "ArtifactError",
+    "Cancellation",
+    "DeviceDriver",
+    "DriverError",
+    "HarnessJob",
+    "HarnessPrompt",
+    "InstalledModel",
+    "RunCancelled",
+    "run_on_device",
+]
 
 
 class DriverError(Exception):
-    """A device step failed; the message says which and why, for the run's failure reason."""
+    """A device step failed; the message says which and why, for the run's failure reason.
 
-    def __init__(self, message: str, device_log: str = "") -> None:
+    `device_status`, when set, is what the failure says about the device itself ("locked",
+    "disconnected" …): the agent shows it on the fleet page and stops claiming runs for the
+    device until a health probe finds it ready again.
+    """
+
+    def __init__(
+        self, message: str, device_log: str = "", device_status: str | None = None
+    ) -> None:
         super().__init__(message)
         self.device_log = device_log
+        self.device_status = device_status
 
 
 class ArtifactError(DriverError):
@@ -33,30 +54,6 @@ class RunCancelled(Exception):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
-
-
-class HarnessPrompt(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    index: int = Field(ge=0)
-    token_ids: list[int] = Field(min_length=1)
-
-
-class HarnessJob(BaseModel):
-    """What the agent pushes to the device for the harness to run (its job.json)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    run_id: int
-    model: str
-    variant_label: str
-    device_class: str
-    artifact_sha256: str
-    bytes_per_token: int = Field(description="Analysed bytes moved per decoded token")
-    context_tokens: int = Field(ge=1, description="KV-cache length the model was built for")
-    decode_tokens: int = Field(ge=1)
-    prompt_set_version: str
-    prompts: list[HarnessPrompt] = Field(min_length=1)
 
 
 class InstalledModel(BaseModel):
@@ -106,7 +103,14 @@ class Cancellation:
 class DeviceDriver(Protocol):
     name: str
 
-    def discover(self) -> list[DeviceInfo]: ...
+    def discover(self) -> list[DeviceInfo]:
+        """The devices attached now (drivers that watch attach/detach keep this live)."""
+        ...
+
+    def health(self, device: DeviceInfo) -> DeviceInfo:
+        """Fresh facts about the device (battery, charging, thermal state) and its `status`:
+        "ready", or why the device cannot run now (locked, not paired, developer mode off …)."""
+        ...
 
     def prepare(self, device: DeviceInfo) -> None:
         """Make the device ready to run: reachable, unlocked, cool enough."""
@@ -132,6 +136,9 @@ class DeviceDriver(Protocol):
         ...
 
     def cleanup(self, device: DeviceInfo, job: HarnessJob) -> None: ...
+
+    def close(self) -> None:
+        """Release the driver's connections and background work (agent shutdown)."""
 
 
 def run_on_device(

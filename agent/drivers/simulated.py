@@ -17,7 +17,6 @@ The model (DESIGN §1), per prompt, seeded by (run id, device UDID, prompt index
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import shutil
@@ -33,6 +32,7 @@ from agent.drivers.base import (
     InstalledModel,
 )
 from decodebench.client import file_sha256
+from decodebench.emulated.timing import TimingParameters, decode_latency_s, prompt_seed
 from decodebench.profiles import DeviceProfile, get_profile
 from decodebench.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 
@@ -47,27 +47,6 @@ RESULTS_FILE = "results.json"
 class SimulatedDevice:
     udid: str
     device_class: str
-
-
-@dataclass(frozen=True)
-class TimingParameters:
-    jitter: float = 0.03
-    prefill_parallelism: float = 8.0
-    cold_load_fixed_ms: float = 300.0
-    cold_load_bytes_s: float = 250e6
-    warm_load_fixed_ms: float = 30.0
-    warm_load_bytes_s: float = 2e9
-    runtime_overhead_bytes: int = 48 * 2**20
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.jitter < 1:
-            raise ValueError("jitter must be in [0, 1)")
-        if self.prefill_parallelism <= 0:
-            raise ValueError("prefill_parallelism must be positive")
-
-
-def decode_latency_s(profile: DeviceProfile, bytes_per_token: int) -> float:
-    return 1.0 / profile.predicted_tok_s(bytes_per_token)
 
 
 def describe_timing_model(
@@ -85,11 +64,6 @@ def describe_timing_model(
         f"ms + package bytes / {timing.warm_load_bytes_s / 1e6:g} MB/s; peak memory = package "
         f"bytes + {timing.runtime_overhead_bytes / 2**20:g} MiB"
     )
-
-
-def prompt_seed(run_id: int, udid: str, prompt_index: int) -> int:
-    key = f"{run_id}:{udid}:{prompt_index}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
 
 
 def simulate_run(
@@ -218,6 +192,13 @@ class SimulatedDriver:
             )
             for state in self._states.values()
         ]
+
+    def health(self, device: DeviceInfo) -> DeviceInfo:
+        self._state(device)
+        return device.model_copy(update={"status": "ready"})
+
+    def close(self) -> None:
+        pass
 
     def _state(self, device: DeviceInfo) -> _DeviceState:
         with self._lock:

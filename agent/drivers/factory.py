@@ -1,0 +1,53 @@
+"""The device driver `--driver` names; heavy dependencies are imported only for the one in use."""
+
+from __future__ import annotations
+
+from agent.config import AgentSettings
+from agent.drivers.base import DeviceDriver
+from agent.drivers.simulated import SimulatedDriver
+
+
+def build_driver(settings: AgentSettings) -> DeviceDriver:
+    """The driver `--driver` names; heavy dependencies are imported only for the one in use."""
+    if settings.driver == "simulated":
+        return SimulatedDriver(
+            settings.simulated_devices(), settings.work_dir, time_scale=settings.time_scale
+        )
+    if settings.driver == "emulated":
+        from agent.drivers.emulated import EmulatedSetup, start_emulated_driver
+        from agent.drivers.faults_spec import parse_fault_specs
+
+        setup = EmulatedSetup(
+            device_classes=settings.simulated,
+            faults=parse_fault_specs(settings.emulated_faults, len(settings.simulated)),
+            time_scale=settings.time_scale,
+            tokens=settings.emulated_tokens,
+        )
+        return start_emulated_driver(
+            setup,
+            settings.work_dir,
+            settings.name,
+            poll_interval_s=min(settings.poll_interval_s, 0.5),
+        )
+    if settings.driver == "pymobiledevice3":
+        from agent.drivers.launchers import DvtLauncher
+        from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+
+        tunneld = None
+        if settings.tunneld_address:
+            host, _, port = settings.tunneld_address.rpartition(":")
+            tunneld = (host, int(port))
+        options = IosDriverOptions(
+            work_dir=settings.work_dir / "ios",
+            usbmux_address=settings.usbmux_address,
+            harness_ipa=settings.harness_ipa,
+        )
+        return Pymobiledevice3Driver(options, DvtLauncher(tunneld))
+    from agent.drivers.host import HostDriver
+
+    return HostDriver(
+        settings.work_dir / "host",
+        device_class=settings.host_device_class,
+        udid=f"host-{settings.name}",
+        threads=settings.host_threads,
+    )

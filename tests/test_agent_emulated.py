@@ -1,0 +1,230 @@
+"""The agent with emulated iPhones against the real server, worker, Postgres and Redis.
+
+Each injected fault fails its run with the right reason, the run is retried (on another device
+when one is there), and every prompt result is stored exactly once. Health gates keep unfit
+devices from claiming, with the reason as the device's status.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import text
+from stack import Stack
+
+from agent.config import AgentSettings
+from agent.drivers.emulated import driver_for_fleet
+from agent.main import Agent
+from decodebench.cli import wait_for_sweep
+from decodebench.client import DecodebenchClient
+from decodebench.emulated.fleet import EmulatedFleet
+from tests.conftest import DATABASE_URL, REDIS_URL, table_counts
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = 3
+
+
+@pytest.fixture
+def stack(db: None, tmp_path: Path) -> Iterator[Stack]:
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
+    running.prepare()
+    running.start_server()
+    running.start_worker()
+    yield running
+    running.stop()
+
+
+def query(sql: str, **params: Any) -> list[Any]:
+    from server.db import get_engine
+
+    with get_engine().connect() as connection:
+        return list(connection.execute(text(sql), params))
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = 240.0,
+    state: Callable[[], str] = lambda: "",
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}; {state()}"
+        time.sleep(0.2)
+
+
+def sweep_state(client: DecodebenchClient, sweep_id: int) -> str:
+    """What the sweep is doing, for a failure message (a failed build stops every run)."""
+    sweep = client.get_sweep(sweep_id)
+    builds = [(build["label"], build["state"], build.get("error")) for build in sweep["builds"]]
+    runs = [
+        (run["id"], run["state"], run["attempts"], run["failure_reason"]) for run in sweep["runs"]
+    ]
+    return f"sweep {sweep['state']}, builds {builds}, runs {runs}"
+
+
+def finish(
+    stack: Stack, client: DecodebenchClient, sweep_id: int, timeout_s: float = 300
+) -> dict[str, Any]:
+    """The finished sweep; fails early, with the log, if a role process dies."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stack.check_alive()
+        sweep = client.get_sweep(sweep_id)
+        if sweep["state"] in ("completed", "failed"):
+            return sweep
+        assert time.monotonic() < deadline, (
+            f"after {timeout_s:g} s: {sweep_state(client, sweep_id)}"
+        )
+        time.sleep(0.5)
+
+
+def run_reasons(run_id: int) -> list[str]:
+    rows = query(
+        "SELECT reason FROM transitions WHERE entity = 'run' AND entity_id = :id ORDER BY id",
+        id=run_id,
+    )
+    return [row.reason for row in rows]
+
+
+def device_status() -> dict[str, tuple[str, bool]]:
+    return {
+        row.udid: (row.status, row.connected)
+        for row in query("SELECT udid, status, connected FROM devices")
+    }
+
+
+def test_faults_are_retried_on_other_devices_and_gates_hold_unfit_ones(
+    stack: Stack, tmp_path: Path
+) -> None:
+    fleet = EmulatedFleet(tmp_path / "devices", tokens="off", reattach_after_s=None)
+    unplugs = fleet.add("iphone-17-pro", ["disconnect-mid-push"])
+    locks = fleet.add("iphone-16-pro", ["lock-during-run"])
+    flat = fleet.add("iphone-17-pro", ["battery=10", "charging=false"])
+    no_developer_mode = fleet.add("iphone-16-pro", ["developer-mode-off"])
+    hot = fleet.add("iphone-17-pro", ["thermal=serious"], attached=False)
+    spare = fleet.add("iphone-16-pro", attached=False)
+    fleet.start()
+    driver = driver_for_fleet(fleet, tmp_path / "agent", poll_interval_s=0.05)
+    settings = AgentSettings(
+        server_url=stack.server_url,
+        token=stack.tokens["agent"],
+        name="emulated-lab",
+        driver="emulated",
+        work_dir=tmp_path / "agent",
+        poll_interval_s=0.2,
+        heartbeat_interval_s=1.0,
+        health_interval_s=0.5,
+        device_hold_s=120,
+    )
+    with DecodebenchClient(stack.server_url, stack.tokens["agent"]) as agent_client:
+        agent = Agent(settings, agent_client, driver)
+        serving = threading.Thread(target=agent.run, name="agent")
+        serving.start()
+        try:
+            with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+                sweep = client.submit_sweep(
+                    {
+                        "model": "tiny-gqa",
+                        "variants": [{"attention": "folded", "context": 128}],
+                        "devices": ["iphone-16-pro", "iphone-17-pro"],
+                        "prompts": PROMPTS,
+                        "decode_tokens": 4,
+                    }
+                )
+                # Only the faulty phones can claim (the others are gated or unplugged): both fail.
+                wait_until(
+                    lambda: (
+                        len(query("SELECT id FROM runs WHERE attempts = 1 AND state = 'queued'"))
+                        == 2
+                    ),
+                    "both first attempts have failed",
+                    state=lambda: sweep_state(client, sweep["id"]),
+                )
+                fleet.usbmuxd.attach(hot.udid)
+                fleet.usbmuxd.attach(spare.udid)
+                finished = wait_for_sweep(client, sweep["id"], timeout_s=240)
+            wait_until(
+                lambda: (
+                    device_status()[hot.udid][0].startswith("cooling: thermal serious")
+                    and device_status()[spare.udid][0] == "ready"
+                ),
+                "the hot phone reports it is cooling and the spare is idle again",
+                timeout_s=30,
+            )
+            statuses = device_status()
+        finally:
+            agent.request_stop("test finished")
+            serving.join(timeout=60)
+            driver.close()
+            fleet.stop()
+
+    assert finished["state"] == "completed", finished
+    runs = {run["device_class"]: run for run in finished["runs"]}
+    assert runs["iphone-17-pro"]["device_udid"] == hot.udid
+    assert runs["iphone-16-pro"]["device_udid"] == spare.udid
+    assert all(run["state"] == "succeeded" and run["attempts"] == 2 for run in runs.values())
+    assert all(run["driver"] == "emulated" and run["simulated"] for run in runs.values())
+    unplug_reason = " | ".join(run_reasons(runs["iphone-17-pro"]["id"]))
+    assert f"device {unplugs.udid} was disconnected while pushing the model" in unplug_reason
+    lock_reason = " | ".join(run_reasons(runs["iphone-16-pro"]["id"]))
+    assert f"device {locks.udid} refused to launch the harness: Locked" in lock_reason
+    # every prompt stored once, none lost
+    assert table_counts()["prompt_results"] == 2 * PROMPTS
+    per_run = query("SELECT run_id, count(*) AS n FROM prompt_results GROUP BY run_id")
+    assert sorted(row.n for row in per_run) == [PROMPTS, PROMPTS]
+    # what the fleet page shows
+    assert statuses[unplugs.udid] == ("disconnected", False)
+    assert statuses[locks.udid] == ("locked", True)
+    assert statuses[flat.udid] == ("low battery: 10% and not charging", True)
+    assert statuses[no_developer_mode.udid] == ("developer mode off", True)
+    assert statuses[spare.udid] == ("ready", True)
+
+
+def test_the_agent_process_serves_emulated_iphones_from_the_command_line(stack: Stack) -> None:
+    stack.start_agent(
+        ["iphone-16-pro", "iphone-17-pro"],
+        "--driver", "emulated",
+        "--emulated-fault", "1=disconnect-mid-push",
+        "--emulated-tokens", "off",
+        "--poll-interval", "0.2",
+        "--device-hold", "1",
+        "--health-interval", "0.5",
+    )  # fmt: skip
+    with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+        sweep = client.submit_sweep(
+            {
+                "model": "tiny-gqa",
+                "variants": [
+                    {"attention": "repeat_kv", "context": 128},
+                    {"attention": "folded", "context": 128},
+                ],
+                "devices": ["iphone-16-pro", "iphone-17-pro"],
+                "prompts": PROMPTS,
+                "decode_tokens": 4,
+            }
+        )
+        finished = finish(stack, client, sweep["id"])
+
+    assert finished["state"] == "completed", finished
+    attempts = sorted(run["attempts"] for run in finished["runs"])
+    assert attempts == [1, 1, 1, 2]  # the one pushed to when the cable was pulled, retried
+    retried = next(run for run in finished["runs"] if run["attempts"] == 2)
+    assert retried["device_class"] == "iphone-17-pro"
+    assert any(
+        "was disconnected while pushing the model" in reason
+        for reason in run_reasons(retried["id"])
+    )
+    assert all(run["driver"] == "emulated" and run["simulated"] for run in finished["runs"])
+    assert table_counts()["prompt_results"] == 4 * PROMPTS
+    rows = {(row["device_class"], row["variant"]): row for row in finished["results"]}
+    for device_class in ("iphone-16-pro", "iphone-17-pro"):
+        assert rows[(device_class, "folded-ctx128-fp16")]["speedup_vs_first"] > 1.0
