@@ -48,6 +48,8 @@ bench:  ## full-size EXAONE benchmarks, one after another (tens of minutes, up t
 	$(BIN)/python bench/exaone_tiles.py
 	$(BIN)/python bench/build_exaone.py
 	$(BIN)/python bench/fold_exaone.py --verify-steps 3
+	$(BIN)/python bench/diff_exaone.py
+	$(BIN)/python bench/host_decode.py
 
 clean:  ## remove local state (embedded database, artifacts, logs)
 	rm -rf var

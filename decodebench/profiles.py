@@ -11,6 +11,8 @@ parameters of a device class from its measured runs.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 BANDWIDTH = "effective_bandwidth_mb_s"
@@ -29,6 +31,9 @@ class DeviceProfile(BaseModel):
         default=0.0, ge=0, description="Fixed cost of each dispatched op, microseconds"
     )
     source: str = Field(description="Where the parameters come from")
+    kind: Literal["iphone", "host"] = Field(
+        default="iphone", description="An iPhone class, or an agent host measured on its own CPU"
+    )
     calibrated_parameters: tuple[str, ...] = Field(
         default=(), description="Parameters fitted from measured runs; the others are priors"
     )
@@ -86,8 +91,20 @@ IPHONE_15_PRO = DeviceProfile(
     source="iPhone 16 Pro figure / 1.17 (A18 Pro's stated memory-bandwidth gain), uncalibrated",
 )
 
+# The host driver times the PyTorch reference on the agent host's own CPU: a real measurement,
+# but not of an iPhone. Its prior is a typical desktop figure; calibration replaces it.
+HOST_CPU = DeviceProfile(
+    device_class="host-cpu",
+    display_name="Host CPU (PyTorch reference)",
+    product_types=("host-x86_64", "host-aarch64", "host-arm64"),
+    effective_bandwidth_mb_s=10_000.0,
+    source="typical host memory bandwidth, uncalibrated; measured on the agent host, not an iPhone",
+    kind="host",
+)
+
 DEVICE_PROFILES: dict[str, DeviceProfile] = {
-    profile.device_class: profile for profile in (IPHONE_15_PRO, IPHONE_16_PRO, IPHONE_17_PRO)
+    profile.device_class: profile
+    for profile in (IPHONE_15_PRO, IPHONE_16_PRO, IPHONE_17_PRO, HOST_CPU)
 }
 
 

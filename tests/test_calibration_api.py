@@ -135,7 +135,7 @@ def test_calibration_fits_the_measured_runs_only(api, measured, user_token) -> N
 
     profiles = api.get("/api/v1/profiles", headers=bearer(user_token)).json()
     by_class = {profile["device_class"]: profile for profile in profiles}
-    assert list(by_class) == ["iphone-15-pro", "iphone-16-pro", "iphone-17-pro"]
+    assert list(by_class) == ["iphone-15-pro", "iphone-16-pro", "iphone-17-pro", "host-cpu"]
     seventeen = by_class["iphone-17-pro"]
     assert seventeen["calibrated"] and seventeen["calibration_runs"] == 3
     assert [(p["name"], p["calibrated"]) for p in seventeen["parameters"]] == [
@@ -201,7 +201,7 @@ def test_profiles_page_shows_what_is_calibrated_and_from_how_many_runs(
 ) -> None:
     sign_in(api, user_token)
     page = api.get("/profiles").text
-    assert page.count("not calibrated") == 3
+    assert page.count("not calibrated") == 4  # three iPhone classes and the host CPU
     assert 'href="/profiles"' in page  # in the navigation
 
     response = api.post("/profiles/iphone-17-pro/calibrate", data={}, follow_redirects=False)
@@ -210,7 +210,7 @@ def test_profiles_page_shows_what_is_calibrated_and_from_how_many_runs(
     row = re.search(r'data-device-class="iphone-17-pro".*?</tr>', page, re.S).group(0)
     assert "calibrated</span>" in row and "3 runs of 3 builds" in row
     assert "61,000.00 MB/s" in row and "55,900.00 MB/s" in row  # fitted value and prior
-    assert page.count("not calibrated") == 2
+    assert page.count("not calibrated") == 3
 
     api.post("/profiles/iphone-17-pro/calibrate", data={"include_simulated": "1"})
     assert "6 runs of 3 builds" not in api.get("/profiles").text  # the measured fit stays current

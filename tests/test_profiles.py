@@ -27,7 +27,9 @@ def profile(bandwidth_mb_s: float, overhead_us: float = 0.0) -> DeviceProfile:
 
 
 def test_three_pro_classes_start_from_the_field_figures() -> None:
-    assert list(DEVICE_PROFILES) == ["iphone-15-pro", "iphone-16-pro", "iphone-17-pro"]
+    assert list(DEVICE_PROFILES) == ["iphone-15-pro", "iphone-16-pro", "iphone-17-pro", "host-cpu"]
+    iphones = {name: p for name, p in DEVICE_PROFILES.items() if p.kind == "iphone"}
+    assert list(iphones) == ["iphone-15-pro", "iphone-16-pro", "iphone-17-pro"]
     assert IPHONE_17_PRO.effective_bandwidth_mb_s == 55_900.0
     assert IPHONE_16_PRO.effective_bandwidth_mb_s == pytest.approx(55_900.0 * 0.79, abs=0.1)
     assert IPHONE_15_PRO.effective_bandwidth_mb_s == pytest.approx(55_900.0 * 0.79 / 1.17, abs=0.1)
@@ -36,8 +38,9 @@ def test_three_pro_classes_start_from_the_field_figures() -> None:
         assert built_in.dispatch_overhead_us == 0.0
         assert not built_in.calibrated and built_in.calibration_runs == 0
         assert "uncalibrated" in built_in.source
-    products = [product for p in DEVICE_PROFILES.values() for product in p.product_types]
+    products = [product for p in iphones.values() for product in p.product_types]
     assert products == ["iPhone16,1", "iPhone17,1", "iPhone18,1"]
+    assert DEVICE_PROFILES["host-cpu"].kind == "host"
 
 
 def test_seconds_per_token_is_the_bandwidth_term_plus_the_dispatch_term() -> None:

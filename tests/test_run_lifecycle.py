@@ -185,14 +185,12 @@ def test_a_device_runs_one_run_at_a_time(api, ready_sweep, agent_token) -> None:
     assert second.status_code == 409
 
 
-def test_heartbeat_marks_missing_devices_disconnected(api, ready_sweep, agent_token) -> None:
-    from server.db import get_sessionmaker
-    from server.models import Device
-
+def test_heartbeat_marks_missing_devices_disconnected(api, ready_sweep, agent_token, user_token) -> None:
+    [listed] = api.get("/api/v1/devices", headers=bearer(user_token)).json()
+    assert (listed["udid"], listed["connected"], listed["simulated"]) == ("SIM-0001", True, True)
     api.post("/api/v1/agents/heartbeat", json={"devices": []}, headers=bearer(agent_token))
-    with get_sessionmaker()() as session:
-        device = session.query(Device).one()
-        assert (device.connected, device.status) == (False, "disconnected")
+    [listed] = api.get("/api/v1/devices", headers=bearer(user_token)).json()
+    assert (listed["connected"], listed["status"]) == (False, "disconnected")
 
 
 def test_artifact_with_wrong_digest_is_refused(api, worker_token) -> None:

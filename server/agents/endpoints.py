@@ -13,7 +13,7 @@ from decodebench.protocol import (
     RunResult,
 )
 from server.agents import service
-from server.auth import AgentToken, SessionDep
+from server.auth import AgentToken, SessionDep, UserToken
 from server.config import get_settings
 from server.runs import service as runs
 from server.runs.assignment import assignment_for
@@ -35,6 +35,29 @@ def register(body: AgentRegistration, token: AgentToken, session: SessionDep) ->
 @router.post("/agents/heartbeat", status_code=204)
 def heartbeat(body: Heartbeat, token: AgentToken, session: SessionDep) -> None:
     service.heartbeat(session, service.agent_for_token(session, token), body.devices)
+
+
+@router.get("/devices")
+def list_devices(token: UserToken, session: SessionDep) -> list[dict[str, object]]:
+    """The fleet as the agents last reported it, including devices that went away."""
+    return [
+        {
+            "udid": device.udid,
+            "device_class": device.device_class,
+            "product_type": device.product_type,
+            "os_version": device.os_version,
+            "driver": device.driver,
+            "simulated": device.simulated,
+            "status": device.status,
+            "connected": device.connected,
+            "battery_level": device.battery_level,
+            "charging": device.charging,
+            "thermal_state": device.thermal_state,
+            "agent_id": device.agent_id,
+            "last_seen_at": device.last_seen_at.isoformat(),
+        }
+        for device in service.list_devices(session)
+    ]
 
 
 @router.post("/agents/claim", response_model=ClaimResponse)
