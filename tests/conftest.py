@@ -117,3 +117,32 @@ def stack(db: None, tmp_path):
     running.start_server()
     yield running
     running.stop()
+
+
+def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
+    """Act as a build worker over HTTP: start, upload an artifact, report the analysis."""
+    import hashlib
+
+    headers = bearer(worker_token)
+    started = api.post(
+        f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers
+    )
+    assert started.json()["proceed"], started.text
+    progress = {"stage": "convert", "fraction": 0.5}
+    assert (
+        api.post(
+            f"/api/v1/builds/{build['id']}/progress", json=progress, headers=headers
+        ).status_code
+        == 204
+    )
+    payload = build["key"].encode()
+    sha256 = hashlib.sha256(payload).hexdigest()
+    assert (
+        api.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers).status_code == 201
+    )
+    response = api.post(
+        f"/api/v1/builds/{build['id']}/complete",
+        json={"artifact_sha256": sha256, "report": {"key": build["key"], "analysis": analysis}},
+        headers=headers,
+    )
+    assert response.status_code == 200, response.text

@@ -6,14 +6,11 @@ generated from a known "true" device, so the fit has a right answer.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import text
 
-from tests.conftest import bearer
+from tests.conftest import bearer, complete_build
 
 TRUE_BANDWIDTH_MB_S = 61_000.0
 TRUE_OVERHEAD_US = 4.0
@@ -44,37 +41,13 @@ def true_tok_s(label: str) -> float:
     return 1 / (moved / (TRUE_BANDWIDTH_MB_S * 1e6) + ops * TRUE_OVERHEAD_US * 1e-6)
 
 
-@pytest.fixture(autouse=True)
-def no_calibrations(db: None) -> Iterator[None]:
-    """The shared fixtures do not know this table: start and leave it empty."""
-    from server.db import get_engine
-
-    def clear() -> None:
-        with get_engine().begin() as connection:
-            connection.execute(text("TRUNCATE profile_calibrations RESTART IDENTITY"))
-
-    clear()
-    yield
-    clear()
-
-
 def finish_builds(api, sweep: dict, worker_token: str) -> None:
-    headers = bearer(worker_token)
     for build in sweep["builds"]:
         moved, ops = VARIANTS[build["label"]]
-        api.post(f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers)
-        payload = build["label"].encode()
-        sha256 = hashlib.sha256(payload).hexdigest()
-        api.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers)
         analysis = {"ops_total": ops + 100, "non_const_ops": ops, "dispatch_ops": ops,
                     "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0, "state_write_ops": 4,
                     "weight_bytes": 1000, "bytes_per_token": {"total": moved}}  # fmt: skip
-        response = api.post(
-            f"/api/v1/builds/{build['id']}/complete",
-            json={"artifact_sha256": sha256, "report": {"key": build["key"], "analysis": analysis}},
-            headers=headers,
-        )
-        assert response.status_code == 200, response.text
+        complete_build(api, build, worker_token, analysis)
 
 
 def run_everything(

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterator
-
 import pytest
-from sqlalchemy import text
 
 from decodebench.analysis import GraphAnalysis
 from decodebench.build import build_variant
 from decodebench.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA
-from tests.conftest import bearer
+from tests.conftest import bearer, complete_build
 
 pytestmark = pytest.mark.slow
 
@@ -38,39 +34,11 @@ def analyses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, GraphAnalysi
     return built
 
 
-@pytest.fixture(autouse=True)
-def no_calibrations(db: None) -> Iterator[None]:
-    from server.db import get_engine
-
-    def clear() -> None:
-        with get_engine().begin() as connection:
-            connection.execute(text("TRUNCATE profile_calibrations RESTART IDENTITY"))
-
-    clear()
-    yield
-    clear()
-
-
-def complete(api, build: dict, worker_token: str, analysis: dict) -> None:
-    headers = bearer(worker_token)
-    api.post(f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers)
-    payload = build["key"].encode()
-    sha256 = hashlib.sha256(payload).hexdigest()
-    api.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers)
-    report = {"key": build["key"], "analysis": analysis}
-    response = api.post(
-        f"/api/v1/builds/{build['id']}/complete",
-        json={"artifact_sha256": sha256, "report": report},
-        headers=headers,
-    )
-    assert response.status_code == 200, response.text
-
-
 @pytest.fixture
 def sweep(api, analyses, user_token: str, worker_token: str) -> dict:
     created = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
     for build in created["builds"]:
-        complete(api, build, worker_token, analyses[build["label"]].model_dump(mode="json"))
+        complete_build(api, build, worker_token, analyses[build["label"]].model_dump(mode="json"))
     return created
 
 
@@ -125,7 +93,7 @@ def test_diff_needs_two_analysed_builds(api, user_token, worker_token) -> None:
     first_cut_only = {"ops_total": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0,
                       "state_write_ops": 0, "weight_bytes": 1, "bytes_per_token": {"total": 1}}  # fmt: skip
     for build in created["builds"]:
-        complete(api, build, worker_token, first_cut_only)
+        complete_build(api, build, worker_token, first_cut_only)
     partial = api.get(f"/api/v1/builds/{a['id']}/diff/{b['id']}", headers=bearer(user_token))
     assert partial.status_code == 409
     assert "analysis lacks what a diff needs" in partial.json()["detail"]

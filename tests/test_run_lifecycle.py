@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import bearer, table_counts
+from tests.conftest import bearer, complete_build, table_counts
 
 SWEEP = {
     "model": "tiny-gqa",
@@ -41,19 +40,9 @@ def analysis(tile_ops: int, bytes_per_token: int) -> dict:
 
 def finish_builds(api, sweep: dict, worker_token: str) -> None:
     for index, build in enumerate(sweep["builds"]):
-        headers = bearer(worker_token)
-        assert api.post(f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers).json()["proceed"]
-        api.post(f"/api/v1/builds/{build['id']}/progress", json={"stage": "convert", "fraction": 0.5}, headers=headers)
-        payload = f"artifact-{index}".encode()
-        sha256 = hashlib.sha256(payload).hexdigest()
-        assert api.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers).status_code == 201
-        report = {"key": build["key"], "analysis": analysis(2 - 2 * index, 1_000_000 - 400_000 * index)}
-        response = api.post(
-            f"/api/v1/builds/{build['id']}/complete",
-            json={"artifact_sha256": sha256, "report": report},
-            headers=headers,
+        complete_build(
+            api, build, worker_token, analysis(2 - 2 * index, 1_000_000 - 400_000 * index)
         )
-        assert response.status_code == 200, response.text
 
 
 def result_for(prompt_indexes: range, decode_tok_s: float, udid: str = "SIM-0001") -> dict:
@@ -87,20 +76,39 @@ def ready_sweep(api, user_token: str, worker_token: str, agent_token: str) -> di
     sweep = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
     finish_builds(api, sweep, worker_token)
     registration = {"name": "host-1", "devices": [DEVICE]}
-    assert api.post("/api/v1/agents/register", json=registration, headers=bearer(agent_token)).status_code == 200
+    assert (
+        api.post(
+            "/api/v1/agents/register", json=registration, headers=bearer(agent_token)
+        ).status_code
+        == 200
+    )
     return sweep
 
 
-def test_sweep_runs_to_completion_with_simulated_label(api, ready_sweep, user_token, agent_token) -> None:
+def test_sweep_runs_to_completion_with_simulated_label(
+    api, ready_sweep, user_token, agent_token
+) -> None:
     agent = bearer(agent_token)
     rates = {}
     for expected_rate in (50.0, 100.0):
-        run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]
+        run = api.post(
+            "/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent
+        ).json()["run"]
         assert run["artifact_url"].endswith(run["artifact_sha256"])
         rates[run["variant_label"]] = expected_rate
-        response = api.post(f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(3), expected_rate), headers=agent)
-        assert response.json() == {"run_id": run["run_id"], "state": "succeeded", "prompts_stored": 3}
-    assert api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json() == {"run": None}
+        response = api.post(
+            f"/api/v1/runs/{run['run_id']}/results",
+            json=result_for(range(3), expected_rate),
+            headers=agent,
+        )
+        assert response.json() == {
+            "run_id": run["run_id"],
+            "state": "succeeded",
+            "prompts_stored": 3,
+        }
+    assert api.post(
+        "/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent
+    ).json() == {"run": None}
 
     sweep = api.get(f"/api/v1/sweeps/{ready_sweep['id']}", headers=bearer(user_token)).json()
     assert sweep["state"] == "completed"
@@ -115,21 +123,37 @@ def test_sweep_runs_to_completion_with_simulated_label(api, ready_sweep, user_to
 
 def test_result_upload_is_idempotent_per_prompt(api, ready_sweep, agent_token) -> None:
     agent = bearer(agent_token)
-    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]
-    partial = api.post(f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(2), 10.0), headers=agent)
+    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()[
+        "run"
+    ]
+    partial = api.post(
+        f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(2), 10.0), headers=agent
+    )
     assert partial.json()["state"] == "running"
     for _ in range(2):
-        done = api.post(f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(3), 10.0), headers=agent)
+        done = api.post(
+            f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(3), 10.0), headers=agent
+        )
         assert done.json() == {"run_id": run["run_id"], "state": "succeeded", "prompts_stored": 3}
     assert table_counts()["prompt_results"] == 3
 
 
-def test_results_from_the_wrong_device_or_prompt_are_rejected(api, ready_sweep, agent_token) -> None:
+def test_results_from_the_wrong_device_or_prompt_are_rejected(
+    api, ready_sweep, agent_token
+) -> None:
     agent = bearer(agent_token)
-    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]
-    wrong_device = api.post(f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(3), 1.0, "OTHER"), headers=agent)
+    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()[
+        "run"
+    ]
+    wrong_device = api.post(
+        f"/api/v1/runs/{run['run_id']}/results",
+        json=result_for(range(3), 1.0, "OTHER"),
+        headers=agent,
+    )
     assert wrong_device.status_code == 422
-    out_of_range = api.post(f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(5), 1.0), headers=agent)
+    out_of_range = api.post(
+        f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(5), 1.0), headers=agent
+    )
     assert out_of_range.status_code == 422
     assert "prompt_index 3 is outside" in out_of_range.json()["detail"]
     assert table_counts()["prompt_results"] == 0
@@ -138,9 +162,13 @@ def test_results_from_the_wrong_device_or_prompt_are_rejected(api, ready_sweep, 
 def test_failed_runs_are_retried_then_given_up(api, ready_sweep, agent_token, user_token) -> None:
     agent = bearer(agent_token)
     claimed = []
-    while run := api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]:
+    while run := api.post(
+        "/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent
+    ).json()["run"]:
         claimed.append(run["variant_label"])
-        api.post(f"/api/v1/runs/{run['run_id']}/fail", json={"reason": "device unplugged"}, headers=agent)
+        api.post(
+            f"/api/v1/runs/{run['run_id']}/fail", json={"reason": "device unplugged"}, headers=agent
+        )
     # A run that failed on this device goes behind the others, so variants alternate.
     assert claimed == ["repeat_kv-ctx512-fp16", "folded-ctx512-fp16"] * 3
     sweep = api.get(f"/api/v1/sweeps/{ready_sweep['id']}", headers=bearer(user_token)).json()
@@ -152,29 +180,44 @@ def test_failed_runs_are_retried_then_given_up(api, ready_sweep, agent_token, us
 
 def test_non_retryable_failure_fails_at_once(api, ready_sweep, agent_token) -> None:
     agent = bearer(agent_token)
-    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]
+    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()[
+        "run"
+    ]
     body = {"reason": "model does not fit", "retryable": False}
-    assert api.post(f"/api/v1/runs/{run['run_id']}/fail", json=body, headers=agent).json() == {"state": "failed"}
+    assert api.post(f"/api/v1/runs/{run['run_id']}/fail", json=body, headers=agent).json() == {
+        "state": "failed"
+    }
 
 
-def test_expired_lease_returns_the_run_to_the_queue(api, ready_sweep, agent_token, user_token) -> None:
+def test_expired_lease_returns_the_run_to_the_queue(
+    api, ready_sweep, agent_token, user_token
+) -> None:
     from server.db import get_engine
 
     agent = bearer(agent_token)
-    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]
+    run = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()[
+        "run"
+    ]
     with get_engine().begin() as connection:
         connection.execute(
             text("UPDATE runs SET lease_expires_at = :past WHERE id = :id"),
             {"past": datetime.now(UTC) - timedelta(seconds=1), "id": run["run_id"]},
         )
-    other = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent).json()["run"]
+    other = api.post(
+        "/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent
+    ).json()["run"]
     assert other["run_id"] != run["run_id"]
     sweep = api.get(f"/api/v1/sweeps/{ready_sweep['id']}", headers=bearer(user_token)).json()
     expired = next(item for item in sweep["runs"] if item["id"] == run["run_id"])
-    assert (expired["state"], expired["failure_reason"]) == ("queued", "lease expired on device SIM-0001")
+    assert (expired["state"], expired["failure_reason"]) == (
+        "queued",
+        "lease expired on device SIM-0001",
+    )
     late = api.post(f"/api/v1/runs/{run['run_id']}/lease", headers=agent)
     assert late.status_code == 409
-    late_results = api.post(f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(3), 1.0), headers=agent)
+    late_results = api.post(
+        f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(3), 1.0), headers=agent
+    )
     assert late_results.status_code == 409
 
 
@@ -185,7 +228,9 @@ def test_a_device_runs_one_run_at_a_time(api, ready_sweep, agent_token) -> None:
     assert second.status_code == 409
 
 
-def test_heartbeat_marks_missing_devices_disconnected(api, ready_sweep, agent_token, user_token) -> None:
+def test_heartbeat_marks_missing_devices_disconnected(
+    api, ready_sweep, agent_token, user_token
+) -> None:
     [listed] = api.get("/api/v1/devices", headers=bearer(user_token)).json()
     assert (listed["udid"], listed["connected"], listed["simulated"]) == ("SIM-0001", True, True)
     api.post("/api/v1/agents/heartbeat", json={"devices": []}, headers=bearer(agent_token))
@@ -194,6 +239,8 @@ def test_heartbeat_marks_missing_devices_disconnected(api, ready_sweep, agent_to
 
 
 def test_artifact_with_wrong_digest_is_refused(api, worker_token) -> None:
-    response = api.put(f"/api/v1/artifacts/{'0' * 64}", content=b"payload", headers=bearer(worker_token))
+    response = api.put(
+        f"/api/v1/artifacts/{'0' * 64}", content=b"payload", headers=bearer(worker_token)
+    )
     assert response.status_code == 422
     assert "not the address" in response.json()["detail"]
