@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,8 @@ def main() -> int:
         "--serve", action="store_true", help="keep the server running after the table (Ctrl-C ends)"
     )
     args = parser.parse_args()
+    # SIGTERM (kill, a CI runner's timeout) must run the clean-up below like Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     var_dir = Path(args.var_dir).resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
     runtime_dir = var_dir / "run"

@@ -27,6 +27,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _terminate_with_parent() -> None:
+    """Linux: a role process gets SIGTERM when the process that started it dies, however it died,
+    so a killed demo or test leaves no server, worker or agent behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @dataclass
 class Stack:
     database_url: str
@@ -80,7 +90,13 @@ class Stack:
         log_path = self.var_dir / f"{name}.log"
         log = log_path.open("ab")
         process = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
         )
         self.processes[name] = process
         return process
