@@ -4,6 +4,12 @@ The output directory holds ``model.mlpackage`` and ``build.json`` (a :class:`Bui
 Both are replaced atomically, so a crashed build never leaves a half-written artifact behind
 a valid-looking report. A build is keyed by (model identity, variant, toolchain): an identical
 request is answered from ``out_dir`` itself or from the :class:`~decodebench.buildcache.BuildCache`.
+With a cache, a model's sensitivity ranking is measured once and reused by its other variants
+(:mod:`decodebench.quant.ranking`).
+
+The stages run one after the other. Overlapping the sensitivity (torch, GIL released in its
+kernels) with tracing and conversion (pure Python) was measured and gained nothing: the
+sensitivity's thousands of short kernels each wait for the GIL the converter holds.
 """
 
 from __future__ import annotations
@@ -34,11 +40,7 @@ from decodebench.buildcache import toolchain_versions as _toolchain_versions
 from decodebench.domain import VariantSpec
 from decodebench.presets import ModelConfig, get_preset
 from decodebench.quant.recipe import TARGETS, parse_recipe
-from decodebench.quant.sensitivity import (
-    CALIBRATION_PROMPTS,
-    CALIBRATION_TOKENS,
-    SensitivityReport,
-)
+from decodebench.quant.sensitivity import SensitivityReport
 
 if TYPE_CHECKING:
     from decodebench.convert import Converter
@@ -48,14 +50,14 @@ ProgressCallback = Callable[[str, float], None]
 # Share of the whole build each stage takes (measured on EXAONE-sized top8 builds, roughly), so
 # the progress fraction moves evenly.
 STAGE_WEIGHTS: dict[str, float] = {
-    "build_model": 0.06,
-    "load_weights": 0.06,
-    "sensitivity": 0.25,
-    "trace": 0.04,
-    "convert": 0.30,
+    "build_model": 0.12,
+    "load_weights": 0.12,
+    "sensitivity": 0.34,
+    "trace": 0.03,
+    "convert": 0.23,
     "quantize": 0.15,
     "save": 0.12,
-    "analyse": 0.02,
+    "analyse": 0.01,
 }
 
 
@@ -204,7 +206,9 @@ def build_variant(
         if restored is not None:
             return _hit(restored, started)
 
-    report = _build(model, identity, key, variant, out_dir, progress, converter, weights, toolchain)
+    report = _build(
+        model, identity, key, variant, out_dir, progress, converter, weights, toolchain, cache
+    )
     if progress is not None:
         progress("done", 1.0)
     report.wall_seconds = round(time.perf_counter() - started, 3)
@@ -231,13 +235,14 @@ def _build(
     converter: Converter | None,
     weights: Path | None,
     toolchain: dict[str, str],
+    cache: BuildCache | None,
 ) -> BuildReport:
     import torch
 
     from decodebench.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION
     from decodebench.modeling import build_model
     from decodebench.quant.apply import QuantPlan
-    from decodebench.quant.sensitivity import measure, promoted_layers, rank
+    from decodebench.quant.ranking import sensitivity_report
 
     converter = converter or DEFAULT_CONVERTER
     clock = StageClock(progress)
@@ -256,6 +261,7 @@ def _build(
             del tensors
     else:
         config = resolve_config(model, variant)
+        validate_for_config(variant, config)  # before seconds of building, when it can
         with clock.stage("build_model"):
             torch_model = build_model(
                 config, variant.context, variant.attention, torch.float16, variant.kv
@@ -266,24 +272,19 @@ def _build(
     sensitivity = None
     if recipe.needs_sensitivity:
         with clock.stage("sensitivity"):
-            measured_at = time.perf_counter()
-            ranking = rank(
-                measure(torch_model, plan, progress=lambda f: clock.within("sensitivity", f))
-            )
-            plan.promoted = promoted_layers(recipe, ranking)
-            sensitivity = SensitivityReport(
-                schemes={"attn": recipe.attn.text, "ffn": recipe.ffn.text},
-                calibration="builtin prompts, pseudo-tokenized",
-                tokens=CALIBRATION_PROMPTS * CALIBRATION_TOKENS,
-                ranking=ranking,
-                promoted=sorted(plan.promoted),
-                seconds=round(time.perf_counter() - measured_at, 3),
-            )
+            sensitivity = sensitivity_report(
+                torch_model, plan, identity, key, toolchain, cache,
+                lambda fraction: clock.within("sensitivity", fraction),
+            )  # fmt: skip
+            plan.promote(frozenset(sensitivity.promoted))
 
     functions = {"main": torch_model}
     if variant.prefill_chunk is not None:
         functions[PREFILL_FUNCTION] = torch_model.sibling(variant.prefill_chunk)
     parameter_names = [name for name, _ in torch_model.named_parameters()]
+    # From here the converter holds the only references and drops each model once converted:
+    # the fp16 weights are then freed while quantization replaces them (~2.4 GB at EXAONE size).
+    del torch_model
 
     package = out_dir / PACKAGE_NAME
     # A report from an earlier build must not describe the package about to replace it.
@@ -291,7 +292,6 @@ def _build(
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".building-") as staging:
         staged = Path(staging) / PACKAGE_NAME
         rewritten = converter.build_package(functions, config, variant, staged, plan, clock)
-        del functions, torch_model
         plan._cache.clear()
         _replace_directory(staged, package)
 

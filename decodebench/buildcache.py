@@ -3,10 +3,15 @@
 Everything here is light (no torch, no coremltools import): a cache hit answers in well under a
 second. The key hashes (model identity, variant graph identity, toolchain versions); the model
 identity is the preset name, or ``<name>@sha256:<fingerprint>`` for a weights folder.
+
+The store also keeps measured sensitivity rankings (``<root>/sensitivity/<key>.json``): a
+ranking depends on the model and how it was measured, not on context, attention layout or KV, so
+every later variant of a model reuses its first build's measurement.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -44,6 +49,15 @@ def model_identity(model: str, weights_fingerprint: str | None = None) -> str:
 
 def request_key(identity: str, variant: VariantSpec, toolchain: dict[str, str]) -> str:
     return build_key(identity, variant, toolchain)
+
+
+def ranking_key(identity: str, measurement: dict[str, Any]) -> str:
+    """Content address of a sensitivity ranking: the model identity and everything that shapes
+    the measurement (model config, schemes tried, calibration, arithmetic, toolchain)."""
+    canonical = json.dumps(
+        {"model": identity, "measurement": measurement}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def default_cache_root() -> Path:
@@ -90,6 +104,21 @@ class BuildCache:
         entry.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(staging, entry)
+
+    def ranking(self, key: str) -> dict[str, Any] | None:
+        """A stored sensitivity ranking (raw JSON object), or None."""
+        try:
+            stored = json.loads((self.root / "sensitivity" / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return stored if isinstance(stored, dict) else None
+
+    def store_ranking(self, key: str, ranking: dict[str, Any]) -> None:
+        path = self.root / "sensitivity" / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(ranking, indent=2))
+        os.replace(partial, path)
 
     def restore(self, key: str, out_dir: Path) -> dict[str, Any] | None:
         """Materialize a cached build into ``out_dir``; its report, or None on a miss."""

@@ -94,6 +94,23 @@ def test_identical_request_is_a_cache_hit(top1, tmp_path: Path) -> None:
     assert build_key("tiny-gqa", other, report.toolchain) != report.key
 
 
+def test_other_variants_of_a_model_reuse_its_measured_ranking(top1, tmp_path: Path) -> None:
+    _, cache, _, report, _ = top1
+    first = report.quant.sensitivity
+    assert first.measured_by is None and first.arithmetic.startswith("bfloat16")
+    other = VariantSpec(context=CONTEXT, quant="top1", kv="input", attention="repeat_kv")
+    again = build_variant("tiny-gqa", other, tmp_path, cache=cache)
+    reused = again.quant.sensitivity
+    assert not again.cache_hit and again.key != report.key
+    assert reused.measured_by == report.key
+    assert reused.ranking == first.ranking and reused.seconds == first.seconds
+    assert again.quant.promoted_layers == report.quant.promoted_layers
+    # Another base scheme is another measurement.
+    differently = VariantSpec(context=CONTEXT, quant="ffn=int4/64,attn=int4,top1")
+    measured = build_variant("tiny-gqa", differently, tmp_path / "b", cache=cache)
+    assert measured.quant.sensitivity.measured_by is None
+
+
 def test_old_variants_keep_their_keys() -> None:
     identity = VariantSpec(context=128).graph_identity()
     assert identity == {"attention": "folded", "context": 128, "layers": None, "quant": "fp16"}

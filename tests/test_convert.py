@@ -55,6 +55,41 @@ def test_converted_interface_stages_and_cleanup(tmp_path: Path) -> None:
     assert not temporary.exists()
 
 
+@pytest.mark.parametrize(("attention", "kv"), [("folded", "state"), ("repeat_kv", "input")])
+def test_weights_are_converted_without_copies(attention: str, kv: str) -> None:
+    """Every weight matrix of the converted program is the torch parameter's own memory: no
+    fp32 promotion (coremltools reads states and fp16 inputs as fp32, which used to promote
+    o_proj), no copy per pass. And conversion leaves coremltools and torch as it found them."""
+    import numpy as np
+    import torch
+    from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
+
+    apply_pipeline, equal = PassPipelineManager.__dict__["apply_pipeline"], torch.equal
+    model = build_model(ONE_LAYER, CONTEXT, attention, torch.float16, kv)
+    variant = VariantSpec(attention=attention, kv=kv, context=CONTEXT, layers=1)
+    program = CoreMLToolsConverter().to_program(model, ONE_LAYER, variant)
+    parameters = {name: p.detach().numpy() for name, p in model.named_parameters() if p.dim() == 2}
+    matrices = {
+        op.name: op.outputs[0].val
+        for op in program.functions["main"].operations
+        if op.op_type == "const" and getattr(op.outputs[0].val, "ndim", 0) == 2
+    }
+    for name, parameter in parameters.items():
+        assert name in matrices, name
+        assert np.shares_memory(matrices[name], parameter), name
+    assert PassPipelineManager.__dict__["apply_pipeline"] is apply_pipeline
+    assert torch.equal is equal
+
+
+def test_build_package_releases_the_models(tmp_path: Path) -> None:
+    import torch
+
+    functions = {"main": build_model(ONE_LAYER, CONTEXT, dtype=torch.float16)}
+    variant = VariantSpec(context=CONTEXT, layers=1)
+    CoreMLToolsConverter().build_package(functions, ONE_LAYER, variant, tmp_path / "m.mlpackage")
+    assert functions == {}
+
+
 @pytest.mark.parametrize(
     ("variant", "message"),
     [
@@ -77,7 +112,7 @@ def _program_ops(path: Path) -> list[tuple[str, tuple[str, ...]]]:
         next(path.glob("Data/com.apple.CoreML/model.mlmodel")).read_bytes()
     )
     ops = []
-    for name, function in sorted(spec.mlProgram.functions.items()):
+    for _, function in sorted(spec.mlProgram.functions.items()):
         for block in function.block_specializations.values():
             ops += [(op.type, tuple(o.name for o in op.outputs)) for op in block.operations]
     return ops
@@ -99,7 +134,6 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     """Same program op for op (and the same compressed weights) as trace + ct.convert +
     ct.optimize.coreml with the default pipelines: the skipped work changed nothing."""
     import coremltools as ct
-    import numpy as np
     import torch
     from coremltools.optimize import coreml as cto
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
 from decodebench.domain import VariantSpec
 from decodebench.modeling import build_model
-from decodebench.presets import TINY_GQA
+from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
 from decodebench.quant.apply import QuantPlan, decompress, weight_role
-from decodebench.quant.numeric import palettize, quantize_linear
+from decodebench.quant.numeric import (
+    dequantize,
+    fake_quantize_linear,
+    palettize,
+    quantize_linear,
+    to_dtype,
+)
 from decodebench.quant.recipe import INT4, INT8, LUT6, RecipeError, parse_recipe
 from decodebench.quant.sensitivity import calibration_tokens, measure, promoted_layers, rank
 
@@ -84,6 +92,30 @@ def test_linear_quantization_is_coremltools_bit_for_bit(bits: int, block: int) -
     assert np.abs(ours.data).max() <= 2 ** (bits - 1) - 1
 
 
+def test_dequantization_is_the_devices_fp16_arithmetic() -> None:
+    weight = (torch.randn(96, 256, generator=torch.Generator().manual_seed(3)) * 0.02).half()
+    weight[0, :32] = 0  # a block of zeros: scale 0
+    quantized = quantize_linear(weight, 4, 32)
+    data, scale = torch.from_numpy(quantized.data), torch.from_numpy(quantized.scale)
+    device = (data.view(96, 8, 32).half() * scale[..., None]).view(96, 256)  # fp16 multiply
+    assert torch.equal(dequantize(quantized), device)
+    assert torch.equal(dequantize(quantized, torch.bfloat16), device.float().bfloat16())
+    # Sensitivity's one-pass version computes the same weights without the integers.
+    assert torch.equal(fake_quantize_linear(weight, 4, 32, torch.bfloat16), device.bfloat16())
+    assert torch.equal(to_dtype(weight, torch.bfloat16), weight.float().bfloat16())
+    assert not dequantize(quantized)[0, :32].any()
+
+
+def test_promotion_forgets_compressions_the_artifact_will_not_use() -> None:
+    plan = QuantPlan(parse_recipe("top1"), tied=True)
+    weight = (torch.randn(64, 64, generator=torch.Generator().manual_seed(4)) * 0.02).half()
+    for layer in (0, 1):
+        plan.compress(f"model.layers.{layer}.mlp.up_proj.weight", weight)
+    plan.promote(frozenset({0}))
+    assert set(plan._cache) == {"model.layers.1.mlp.up_proj.weight|int4/32"}
+    assert plan.scheme_for("model.layers.0.mlp.up_proj.weight") == INT8
+
+
 def test_palettization_is_a_good_kmeans() -> None:
     weight = (torch.randn(512, 512, generator=torch.Generator().manual_seed(1)) * 0.02).half()
     palette = palettize(weight, 6)
@@ -117,15 +149,13 @@ def tiny() -> torch.nn.Module:
     return build_model(TINY_GQA.model_copy(update={"num_layers": 3}), 64, dtype=torch.float16)
 
 
-def test_sensitivity_equals_quantizing_one_layer_at_a_time(tiny) -> None:
-    """The one-pass measurement against the definition: per layer, the decoder itself (a
-    prefill call over the calibration prompt) with only that layer's weights quantized."""
-    plan = QuantPlan(parse_recipe("top1"), tied=True)
-    tokens = calibration_tokens(tiny.config.vocab_size, prompts=2, length=12)
-    measured = measure(tiny, plan, tokens)
+def naive_kl(model: torch.nn.Module, plan: QuantPlan, tokens: torch.Tensor) -> list[float]:
+    """The definition, with nothing shared: per layer, an fp32 copy of the decoder itself (a
+    prefill call over each calibration prompt) with only that layer's weights quantized."""
 
-    def log_probabilities(model: torch.nn.Module) -> torch.Tensor:
-        prefill = model.sibling(tokens.shape[1])
+    def log_probabilities(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        fp32 = build_model(model.config, 64, dtype=torch.float32, weights=weights)
+        prefill = fp32.sibling(tokens.shape[1])
         rows = []
         for prompt in tokens.tolist():
             prefill.reset_cache()
@@ -138,19 +168,60 @@ def test_sensitivity_equals_quantizing_one_layer_at_a_time(tiny) -> None:
                 )
         return torch.log_softmax(torch.cat(rows).float(), -1)
 
-    fp32 = build_model(tiny.config, 64, dtype=torch.float32)
-    reference = log_probabilities(fp32)
-    for layer in range(tiny.config.num_layers):
-        candidate = build_model(tiny.config, 64, dtype=torch.float32)
-        with torch.no_grad():
-            for name, parameter in candidate.model.layers[layer].named_parameters():
-                full = f"model.layers.{layer}.{name}"
-                compressed = plan.compress(full, parameter.half())
-                if compressed is not None:
-                    parameter.copy_(decompress(compressed).float())
-        kl = (reference.exp() * (reference - log_probabilities(candidate))).sum(-1).mean()
-        assert measured[layer].kl == pytest.approx(float(kl), rel=2e-3, abs=1e-7)
-        assert measured[layer].kl > 0
-    ranking = rank(measured)
-    assert [item.kl for item in ranking] == sorted((item.kl for item in measured), reverse=True)
+    fp16 = {name: parameter.detach() for name, parameter in model.named_parameters()}
+    reference = log_probabilities({name: value.float() for name, value in fp16.items()})
+    result = []
+    for layer in range(model.config.num_layers):
+        weights = {}
+        for name, value in fp16.items():
+            compressed = (
+                plan.compress(name, value) if name.startswith(f"model.layers.{layer}.") else None
+            )
+            weights[name] = (value if compressed is None else decompress(compressed)).float()
+        candidate = log_probabilities(weights)
+        result.append(float((reference.exp() * (reference - candidate)).sum(-1).mean()))
+    return result
+
+
+def test_sensitivity_equals_quantizing_one_layer_at_a_time(tiny) -> None:
+    """The one-pass measurement against the definition: in fp32 to rounding, and with the
+    default bf16 layer matmuls to a few percent, ranking unchanged."""
+    plan = QuantPlan(parse_recipe("top1"), tied=True)
+    tokens = calibration_tokens(tiny.config.vocab_size, prompts=2, length=12)
+    expected = naive_kl(tiny, plan, tokens)
+    exact = measure(tiny, plan, tokens, matmul_dtype=torch.float32)
+    default = measure(tiny, plan, tokens)
+    for layer, kl in enumerate(expected):
+        assert kl > 0
+        assert exact[layer].kl == pytest.approx(kl, rel=2e-3, abs=1e-7)
+        assert default[layer].kl == pytest.approx(kl, rel=5e-2)
+    assert [item.layer for item in rank(default)] == [item.layer for item in rank(exact)]
+    ranking = rank(exact)
+    assert [item.kl for item in ranking] == sorted((item.kl for item in exact), reverse=True)
     assert promoted_layers(parse_recipe("top2"), ranking) == {ranking[0].layer, ranking[1].layer}
+
+
+@pytest.mark.parametrize(("preset", "planted"), [(TINY_EXAONE, 2), (TINY_LLAMA, 4)])
+def test_ranking_follows_a_planted_hard_to_quantize_layer(preset, planted: int) -> None:
+    """Random weights rank layers by depth (the earliest perturbation travels furthest): a
+    ranking that ignored the measurement could reproduce that. Here one layer gets an outlier
+    input column in every block of 32 (x16), the pattern that makes real layers hard to quantize
+    (the block's scale follows the outlier, the other 31 weights lose their bits). The ranking
+    must then leave depth order, and be the naive one-layer-at-a-time ranking."""
+    model = build_model(preset.model_copy(update={"num_layers": 6}), 64, dtype=torch.float16)
+    with torch.no_grad():
+        for name, parameter in model.model.layers[planted].named_parameters():
+            if name.endswith("_proj.weight"):
+                parameter[:, ::32] *= 16
+    plan = QuantPlan(parse_recipe("top1"), tied=model.config.tie_word_embeddings)
+    tokens = calibration_tokens(model.config.vocab_size, prompts=2, length=12)
+    expected = naive_kl(model, plan, tokens)
+    naive_order = sorted(range(len(expected)), key=lambda index: -expected[index])
+    ordered = sorted(expected, reverse=True)
+    # Neighbours at least 10% apart: the order is the measurement's, not rounding's.
+    assert min(high / low for high, low in itertools.pairwise(ordered)) > 1.1
+    assert naive_order.index(planted) < planted  # ahead of a shallower layer
+    measured = measure(model, plan, tokens)
+    assert [item.layer for item in rank(measured)] == naive_order
+    for item in measured:
+        assert item.kl == pytest.approx(expected[item.layer], rel=5e-2)

@@ -22,8 +22,10 @@ from decodebench.quant.numeric import (
     Palettized,
     depalettize,
     dequantize,
+    fake_quantize_linear,
     palettize,
     quantize_linear,
+    to_dtype,
 )
 from decodebench.quant.recipe import QuantRecipe, Scheme, Target
 
@@ -89,6 +91,16 @@ class QuantPlan:
             return self.recipe.layer_scheme(role.target, role.layer in self.promoted)
         return self.recipe.scheme(role.target)
 
+    def promote(self, layers: frozenset[int]) -> None:
+        """Fix the promoted layers, and forget cached compressions the artifact will not use
+        (the promoted layers' base-scheme weights, measured during sensitivity)."""
+        self.promoted = frozenset(layers)
+        for key in list(self._cache):
+            name, _, scheme = key.partition("|")
+            chosen = self.scheme_for(name)
+            if chosen is None or chosen.text != scheme:
+                del self._cache[key]
+
     def choices(self, names: list[str]) -> list[WeightChoice]:
         result = []
         for name in names:
@@ -109,17 +121,23 @@ class QuantPlan:
             return None
         key = f"{name}|{scheme.text}"
         if key not in self._cache:
-            if scheme.block and weight.shape[-1] % scheme.block:
-                # What ct.optimize.coreml does too: such a weight stays fp16 (logged).
-                log.warning(
-                    "%s: %d input channels not a multiple of block %d; kept fp16",
-                    name,
-                    weight.shape[-1],
-                    scheme.block,
-                )
+            if not self.can_compress(name, weight, scheme):
                 return None
             self._cache[key] = compress(weight, scheme)
         return self._cache[key]
+
+    @staticmethod
+    def can_compress(name: str, weight: torch.Tensor, scheme: Scheme) -> bool:
+        if scheme.block and weight.shape[-1] % scheme.block:
+            # What ct.optimize.coreml does too: such a weight stays fp16 (logged).
+            log.warning(
+                "%s: %d input channels not a multiple of block %d; kept fp16",
+                name,
+                weight.shape[-1],
+                scheme.block,
+            )
+            return False
+        return True
 
 
 def compress(weight: torch.Tensor, scheme: Scheme) -> Compressed:
@@ -129,17 +147,22 @@ def compress(weight: torch.Tensor, scheme: Scheme) -> Compressed:
     return quantize_linear(weight, scheme.bits, scheme.block)
 
 
-def decompress(compressed: Compressed) -> torch.Tensor:
+def decompress(compressed: Compressed, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """The fp16 weight the device computes with, returned as ``dtype``."""
     if isinstance(compressed, Palettized):
-        return depalettize(compressed)
-    return dequantize(compressed)
+        return to_dtype(depalettize(compressed), dtype)
+    return dequantize(compressed, dtype)
 
 
-def fake_quantize(weight: torch.Tensor, scheme: Scheme) -> torch.Tensor:
-    """What the device computes with: ``weight`` quantized and back, in fp16."""
+def fake_quantize(
+    weight: torch.Tensor, scheme: Scheme, dtype: torch.dtype = torch.float16
+) -> torch.Tensor:
+    """What the device computes with: ``weight`` quantized and back (fp16), as ``dtype``."""
     if not scheme.compressed:
-        return weight.to(torch.float16)
-    return decompress(compress(weight, scheme))
+        return to_dtype(weight.to(torch.float16), dtype)
+    if scheme.kind == "lut":
+        return decompress(compress(weight, scheme), dtype)
+    return fake_quantize_linear(weight.to(torch.float16), scheme.bits, scheme.block, dtype)
 
 
 def compressed_bytes(compressed: Compressed) -> int:
@@ -159,40 +182,58 @@ def apply_plan(program: object, plan: QuantPlan) -> dict[str, str]:
 
     rewritten: dict[str, str] = {}
     for function in program.functions.values():  # type: ignore[attr-defined]
-        for op in list(function.operations):
-            if op.op_type != "const" or op.outputs[0].val is None:
-                continue
-            name = parameter_name(op.name)
-            value = op.outputs[0].val
-            if not isinstance(value, np.ndarray) or value.ndim != 2:
-                continue
-            compressed = plan.compress(name, torch.from_numpy(np.ascontiguousarray(value)))
-            if compressed is None:
-                continue
-            # The new ops carry the const's scopes (torch module names), which validation needs.
-            scopes = [
-                ScopeInfo(source=source, data=list(data))
-                for source, data in op.scopes.items()
-                if source != ScopeSource.COREMLTOOLS_GRAPH_PASS
-            ]
-            with function, mb.scope(*scopes):
-                new_var = _constexpr(mb, types, op, compressed)
-            function.replace_uses_of_var_after_op(
-                anchor_op=op, old_var=op.outputs[0], new_var=new_var, no_check_var_types=True
-            )
-            function.remove_ops([op])
-            rewritten[op.name] = new_var.op.op_type
+        # One `with function` for all the rewrites: leaving it walks the whole function (to
+        # propagate non-replaceable vars), ~5 s if done per weight on EXAONE's 211 weights.
+        with function:
+            for op in list(function.operations):
+                if op.op_type != "const" or op.outputs[0].val is None:
+                    continue
+                name = parameter_name(op.name)
+                value = op.outputs[0].val
+                if not isinstance(value, np.ndarray) or value.ndim != 2:
+                    continue
+                compressed = plan.compress(name, torch.from_numpy(np.ascontiguousarray(value)))
+                if compressed is None:
+                    continue
+                # The new ops carry the const's scopes (torch module names), which validation
+                # needs.
+                scopes = [
+                    ScopeInfo(source=source, data=list(data))
+                    for source, data in op.scopes.items()
+                    if source != ScopeSource.COREMLTOOLS_GRAPH_PASS
+                ]
+                with mb.scope(*scopes):
+                    new_var = _constexpr(mb, types, op, compressed)
+                function.replace_uses_of_var_after_op(
+                    anchor_op=op, old_var=op.outputs[0], new_var=new_var, no_check_var_types=True
+                )
+                function.remove_ops([op])
+                _release_value(op)
+                rewritten[op.name] = new_var.op.op_type  # type: ignore[attr-defined]
     return rewritten
 
 
+def _release_value(removed: object) -> None:
+    """A removed const op, its ``val`` input and its output var still reference each other, so
+    the weight array would live until the next full garbage collection, typically after every
+    weight has been rewritten (the whole fp16 model, 2.4 GB at EXAONE size, on top of its
+    compressed form). Dropping their value frees each fp16 weight once its replacement exists."""
+    held = [*removed.outputs, getattr(removed, "val", None)]  # type: ignore[attr-defined]
+    for var in held:
+        if hasattr(var, "_sym_val"):
+            var._sym_val = None
+
+
 def _constexpr(mb: object, types: object, op: object, compressed: Compressed) -> object:
+    # coremltools marks sub-byte types by a dtype carrying metadata; a view applies it without
+    # copying the data (astype would copy every weight once more).
     if isinstance(compressed, Palettized):
         indices_dtype = types.nptype_from_builtin(  # type: ignore[attr-defined]
             types.string_to_builtin(f"uint{compressed.bits}")  # type: ignore[attr-defined]
         )
         lut = compressed.lut.reshape(1, 1, -1, 1)
         return mb.constexpr_lut_to_dense(  # type: ignore[attr-defined]
-            indices=compressed.indices.astype(indices_dtype),
+            indices=compressed.indices.view(indices_dtype),
             lut=lut,
             vector_axis=None,
             before_op=op,
@@ -202,7 +243,7 @@ def _constexpr(mb: object, types: object, op: object, compressed: Compressed) ->
         types.string_to_builtin(f"int{compressed.bits}")  # type: ignore[attr-defined]
     )
     return mb.constexpr_blockwise_shift_scale(  # type: ignore[attr-defined]
-        data=compressed.data.astype(data_dtype),
+        data=compressed.data.view(data_dtype),
         scale=compressed.scale,
         offset=None,
         before_op=op,

@@ -154,7 +154,8 @@ def parse_scheme(text: str) -> Scheme:
             raise RecipeError(f"block size {size} in {text!r} must be 1..{MAX_BLOCK}")
         if integer == "int4" and size == 0:
             raise RecipeError("int4 needs a block size (int4/B); per-channel int4 loses too much")
-        return Scheme(kind=integer, bits=int(integer[3:]), block=size)
+        kind: Literal["int8", "int4"] = "int4" if integer == "int4" else "int8"
+        return Scheme(kind=kind, bits=int(integer[3:]), block=size)
     bits = int(lut_bits)
     if bits not in LUT_BITS:
         raise RecipeError(f"lut{bits}: palettes of 2, 4, 6 or 8 bits only")
