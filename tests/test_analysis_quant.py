@@ -37,7 +37,7 @@ MATRICES = {
     f"{LAYER}_self_attn_q_proj_weight": (Q_WIDTH, HIDDEN),
     f"{LAYER}_self_attn_k_proj_weight": (KV_WIDTH, HIDDEN),
     f"{LAYER}_self_attn_v_proj_weight": (KV_WIDTH, HIDDEN),
-    f"{LAYER}_self_attn_o_proj_weight_promoted_to_fp16": (HIDDEN, Q_WIDTH),
+    f"{LAYER}_self_attn_o_proj_weight": (HIDDEN, Q_WIDTH),
     f"{LAYER}_mlp_gate_proj_weight": (FFN, HIDDEN),
     f"{LAYER}_mlp_up_proj_weight": (FFN, HIDDEN),
     f"{LAYER}_mlp_down_proj_weight": (HIDDEN, FFN),

@@ -38,6 +38,7 @@ def check_toolchain(expected: dict[str, str], actual: dict[str, str]) -> None:
 def run_build(build_id: int, settings: WorkerSettings) -> str:
     """Returns what happened, for the task's result and the log."""
     from decodebench.build import build_variant, toolchain_versions
+    from decodebench.buildcache import BuildCache
 
     with DecodebenchClient(settings.server_url, settings.token) as client:
         assignment = client.get_build_assignment(build_id)
@@ -62,12 +63,18 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
         with tempfile.TemporaryDirectory(dir=settings.work_dir, prefix=f"build-{build_id}-") as tmp:
             out_dir = Path(tmp) / "out"
             try:
+                # The worker's own cache: a rebuilt variant is a hard link, and the per-layer
+                # sensitivity ranking of a model is measured once for all its variants.
+                cache = BuildCache(settings.work_dir / "cache")
                 report = build_variant(
-                    assignment.model, assignment.variant, out_dir, progress=progress
+                    assignment.model, assignment.variant, out_dir, progress=progress, cache=cache
                 )
                 report_json = report.model_dump(mode="json")
                 report_json["key"] = assignment.key
-                (out_dir / "build.json").write_text(json.dumps(report_json, indent=2))
+                # A new file, not a rewrite: build.json may be a hard link into the cache.
+                rekeyed = out_dir / "build.json.server"
+                rekeyed.write_text(json.dumps(report_json, indent=2))
+                rekeyed.replace(out_dir / "build.json")
                 progress("upload", 1.0)
                 archive = pack_directory(out_dir, Path(tmp) / "artifact.zip")
                 sha256 = client.upload_artifact(archive)
