@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -28,8 +27,6 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
-    # coremltools' progress bars (tqdm reads this once, when first imported) are noise here.
-    os.environ.setdefault("TQDM_DISABLE", "1")
     from decodebench.analysis import AnalysisError
     from decodebench.mil.fold_package import fold_mlpackage, render
     from decodebench.mil.program import MilError, quiet_coremltools

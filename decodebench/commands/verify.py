@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -64,8 +63,6 @@ def _prompt(text: str) -> list[int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    # coremltools' progress bars (tqdm reads this once, when first imported) are noise here.
-    os.environ.setdefault("TQDM_DISABLE", "1")
     from decodebench.mil.inputs import load_mapping
     from decodebench.mil.program import MilError, quiet_coremltools
     from decodebench.mil.verify import verify_packages
