@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.drivers.simulated import SimulatedDevice
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.profiles import DEVICE_PROFILES, get_profile
 
 ENV_PREFIX = "DECODEBENCH_"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
@@ -70,9 +70,7 @@ class AgentSettings(BaseModel):
     @classmethod
     def _known_classes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for device_class in value:
-            if device_class not in DEVICE_PROFILES:
-                known = ", ".join(sorted(DEVICE_PROFILES))
-                raise ValueError(f"unknown device class {device_class!r}; known: {known}")
+            get_profile(device_class)
         return value
 
     @model_validator(mode="after")

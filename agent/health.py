@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from decodebench.protocol import DeviceInfo, ThermalState
+from decodebench.contracts.protocol import DeviceInfo, ThermalState
 
 READY = "ready"
 BUSY = "busy"

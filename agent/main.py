@@ -33,7 +33,7 @@ from agent.registration import (
 )
 from agent.runner import RunExecutor, RunOutcome
 from decodebench.client import ApiError, DecodebenchClient
-from decodebench.protocol import AgentRegistration, DeviceInfo
+from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 
 log = logging.getLogger("agent")
 

@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 import httpx
 
 from decodebench.client import ApiError, DecodebenchClient
-from decodebench.protocol import AgentRegistered, AgentRegistration
+from decodebench.contracts.protocol import AgentRegistered, AgentRegistration
 
 log = logging.getLogger("agent")
 

@@ -28,10 +28,10 @@ from agent.drivers.base import (
     run_on_device,
 )
 from decodebench.client import ApiError, DecodebenchClient
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.presets import get_preset
 from decodebench.profiles import DEVICE_PROFILES
 from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts
-from decodebench.protocol import DeviceInfo, RunAssignment, RunResult
 
 log = logging.getLogger(__name__)
 

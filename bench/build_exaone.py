@@ -176,7 +176,7 @@ def naive_ranking(model: Any, recipe: Any) -> list[int]:
 def ours(out: Path, model_name: str, context: int, top: int) -> dict:
     from decodebench.build import build_variant
     from decodebench.buildcache import BuildCache
-    from decodebench.domain import VariantSpec
+    from decodebench.contracts.domain import VariantSpec
 
     variant = VariantSpec(context=context, quant=f"top{top}")
     cache = BuildCache(out / "cache")

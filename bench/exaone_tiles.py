@@ -1,4 +1,5 @@
-"""Reproduce DESIGN §1 on the full EXAONE 4.0 1.2B shape: 60 tiles / 960 MiB with repeat_kv, 0 folded.
+"""The waste of docs/architecture.md on the full EXAONE 4.0 1.2B shape: 60 tiles / 960 MiB with
+repeat_kv, 0 folded.
 
 Builds both attention layouts at context 4096 with random weights (each in its own process, so
 the peak RSS printed is that build's), prints what the graph analysis finds, and exits non-zero
@@ -16,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from decodebench.build import BuildReport, build_variant, load_report
-from decodebench.domain import Attention, VariantSpec
+from decodebench.build import build_variant, load_report
+from decodebench.contracts.build import BuildReport
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import EXAONE_4_0_1_2B
 
 MIB = 1024**2

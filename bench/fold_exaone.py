@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from decodebench.build import PACKAGE_NAME, build_variant, load_report
-from decodebench.domain import Attention, VariantSpec
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import EXAONE_4_0_1_2B, get_preset
 
 MIB = 1024**2

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from decodebench.domain import Attention, VariantSpec  # noqa: E402
+from decodebench.contracts.domain import Attention, VariantSpec  # noqa: E402
 from decodebench.emulated.reference import TorchStepEngine, parameter_estimate  # noqa: E402
 from decodebench.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up  # noqa: E402
 from decodebench.presets import get_preset  # noqa: E402

@@ -5,7 +5,7 @@ few tiny constants (see :mod:`decodebench.mlpackage`) are read. Sizes come from 
 ML program can be analysed, including ones this project did not build: op types coremltools
 does not register are counted and listed in ``unknown_ops``, never fatal.
 
-``bytes_per_token`` is a first-order model of one decode step (DESIGN §1, and
+``bytes_per_token`` is a first-order model of one decode step (``docs/architecture.md``, and
 :mod:`decodebench.traffic` for what each category counts); ``predicted_tok_s`` applies each
 device profile's bandwidth and per-op dispatch overhead to it.
 """
@@ -13,13 +13,16 @@ device profile's bandwidth and per-op dispatch overhead to it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer, model_validator
-
-from decodebench.copies import RedundantCopy, redundant_copies
+from decodebench.contracts.analysis import (
+    BytesPerToken,
+    FunctionOps,
+    GraphAnalysis,
+    TensorRecord,
+)
+from decodebench.copies import redundant_copies
 from decodebench.known_ops import KNOWN_OPS
 from decodebench.mlpackage import (
     AnalysisError,
@@ -31,9 +34,7 @@ from decodebench.mlpackage import (
     value_dtype,
     value_shape,
 )
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 from decodebench.traffic import (
-    KvState,
     dispatch_ops,
     kv_traffic,
     stored_weights,
@@ -43,125 +44,12 @@ from decodebench.traffic import (
 __all__ = [
     "ANALYSIS_VERSION",
     "AnalysisError",
-    "BytesPerToken",
-    "FunctionOps",
-    "GraphAnalysis",
-    "KvState",
-    "RedundantCopy",
-    "TensorRecord",
     "analyze_mlpackage",
     "load_program",
-    "predict_tok_s",
 ]
 
 # 1: the first cut (tiles only, whole weights, no dispatch term). 2: this module.
 ANALYSIS_VERSION = 2
-
-
-class TensorRecord(BaseModel):
-    """One tensor the analysis singles out (a tile output)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    shape: list[int]
-    dtype: str
-    bytes: int
-
-
-class BytesPerToken(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    weights: int
-    kv_read: int  # the whole cache: what the static-shape graph reads at any position
-    kv_write: int
-    redundant: int  # pure copies, each counted written and read again
-    total: int
-    kv_read_per_position: int = 0  # what a position-aware kernel reads per cached position
-    kv_positions: int = 0  # the context length of the longest cache
-
-
-class FunctionOps(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    ops_total: int
-    non_const_ops: int
-    dispatch_ops: int
-    op_counts: dict[str, int]
-
-
-class GraphAnalysis(BaseModel):
-    """What a build's graph costs per decoded token. Defaults keep first-cut reports loadable."""
-
-    model_config = ConfigDict(frozen=True)
-
-    analysis_version: int = 1
-    functions: list[str]
-    decode_function: str = ""
-    function_ops: dict[str, FunctionOps] = {}
-    ops_total: int
-    non_const_ops: int
-    dispatch_ops: int = 0
-    op_counts: dict[str, int]
-    unknown_ops: dict[str, int] = {}
-    tile_ops: int
-    tile_output_bytes: int
-    tiles: list[TensorRecord]
-    redundant_ops: list[RedundantCopy] = []
-    redundant_output_bytes: int = 0
-    slice_update_ops: int
-    state_write_ops: int
-    state_write_bytes: int = 0
-    state_read_ops: int
-    weight_bytes: int
-    weight_file_bytes: int
-    weight_bytes_by_encoding: dict[str, int] = {}
-    weight_bytes_by_dtype: dict[str, int] = {}
-    kv_source: str = "states"
-    state_bytes: int
-    states: list[KvState]
-    bytes_per_token: BytesPerToken
-
-    @model_validator(mode="before")
-    @classmethod
-    def _first_cut_dispatch_ops(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "dispatch_ops" not in data and "non_const_ops" in data:
-            data = {**data, "dispatch_ops": data["non_const_ops"]}
-        return data
-
-    @model_serializer(mode="wrap")
-    def _with_predictions(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
-        # Serialised with the built-in profiles so `analyze --json` and build.json carry the
-        # prediction; the server recomputes it with the current (calibrated) profiles.
-        data = handler(self)
-        data["predicted_tok_s"] = self.predicted_tok_s()
-        return data
-
-    def predicted_tok_s(self, profiles: Iterable[DeviceProfile] | None = None) -> dict[str, float]:
-        """Predicted decode tok/s per device class (the built-in profiles by default)."""
-        chosen = DEVICE_PROFILES.values() if profiles is None else profiles
-        if self.bytes_per_token.total <= 0:
-            return {}  # nothing moves: not a decoder this model can describe
-        return {profile.device_class: predict_tok_s(self, profile) for profile in chosen}
-
-    def kv_read_at(self, position: int) -> int:
-        """KV bytes a kernel reading only positions ``0..position`` would move."""
-        return sum(state.read_at(position) for state in self.states)
-
-
-def predict_tok_s(analysis: GraphAnalysis, profile: DeviceProfile) -> float:
-    return profile.predicted_tok_s(analysis.bytes_per_token.total, analysis.dispatch_ops)
-
-
-def predictions_from_report(
-    analysis: Mapping[str, Any], profiles: Iterable[DeviceProfile]
-) -> dict[str, float]:
-    """Predicted tok/s from a stored analysis dict (any version) without revalidating it."""
-    moved = int(analysis["bytes_per_token"]["total"])
-    ops = int(analysis.get("dispatch_ops", analysis.get("non_const_ops", 0)) or 0)
-    if moved <= 0:
-        return {}
-    return {profile.device_class: profile.predicted_tok_s(moved, ops) for profile in profiles}
 
 
 def _directory_bytes(directory: Path) -> int:

@@ -25,22 +25,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from decodebench.analysis import GraphAnalysis, analyze_mlpackage
+from decodebench.analysis import analyze_mlpackage
 from decodebench.buildcache import (
     PACKAGE_NAME,
     REPORT_NAME,
     BuildCache,
+    find_build,
     model_identity,
-    read_report,
     request_key,
 )
 from decodebench.buildcache import toolchain_versions as _toolchain_versions
-from decodebench.domain import VariantSpec
+from decodebench.contracts.build import BuildReport, QuantSummary
+from decodebench.contracts.domain import VariantSpec
 from decodebench.presets import ModelConfig, get_preset
 from decodebench.quant.recipe import TARGETS, parse_recipe
-from decodebench.quant.sensitivity import SensitivityReport
 
 if TYPE_CHECKING:
     from decodebench.convert import Converter
@@ -63,40 +61,6 @@ STAGE_WEIGHTS: dict[str, float] = {
 
 class BuildError(ValueError):
     """The variant cannot be built with this toolchain (the message names the field)."""
-
-
-class QuantSummary(BaseModel):
-    """What quantization did, and why: each weight's scheme, promoted layers, their ranking."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    recipe: str
-    schemes: dict[str, str] = Field(description="Target -> scheme before promotion")
-    promoted_layers: list[int]
-    constexpr_ops: dict[str, int] = Field(description="Compressed op type -> count")
-    weights: dict[str, str] = Field(description="Parameter name -> scheme it was stored with")
-    sensitivity: SensitivityReport | None = None
-
-
-class BuildReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    key: str
-    model: str
-    variant: VariantSpec
-    config: ModelConfig
-    toolchain: dict[str, str]
-    stage_seconds: dict[str, float]
-    peak_rss_bytes: int
-    package: str
-    analysis: GraphAnalysis
-    # Added with builds-as-a-service; defaults keep older build.json files readable.
-    model_identity: str = ""
-    weights_path: str | None = None
-    functions: list[str] = Field(default_factory=lambda: ["main"])
-    quant: QuantSummary | None = None
-    wall_seconds: float = 0.0
-    cache_hit: bool = False
 
 
 class StageClock:
@@ -198,13 +162,11 @@ def build_variant(
     toolchain = toolchain_versions(converter)
     key = request_key(identity, variant, toolchain)
 
-    existing = read_report(out_dir)
-    if existing is not None and existing.get("key") == key:
-        return _hit(existing, started)
-    if cache is not None:
-        restored = cache.restore(key, out_dir)
-        if restored is not None:
-            return _hit(restored, started)
+    found = find_build(out_dir, key, cache)
+    if found is not None:
+        return found.model_copy(
+            update={"cache_hit": True, "wall_seconds": round(time.perf_counter() - started, 3)}
+        )
 
     report = _build(
         model, identity, key, variant, out_dir, progress, converter, weights, toolchain, cache
@@ -215,13 +177,6 @@ def build_variant(
     _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
     if cache is not None:
         cache.store(key, out_dir)
-    return report
-
-
-def _hit(raw: dict[str, object], started: float) -> BuildReport:
-    report = BuildReport.model_validate(raw)
-    report.cache_hit = True
-    report.wall_seconds = round(time.perf_counter() - started, 3)
     return report
 
 

@@ -19,10 +19,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from decodebench.domain import VariantSpec, build_key
+from pydantic import ValidationError
 
-PACKAGE_NAME = "model.mlpackage"
-REPORT_NAME = "build.json"
+from decodebench.contracts.build import BuildReport
+from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
+
 CACHE_ENV = "DECODEBENCH_BUILD_CACHE"
 
 
@@ -67,16 +69,26 @@ def default_cache_root() -> Path:
     return Path.home() / ".cache" / "decodebench" / "builds"
 
 
-def read_report(out_dir: Path) -> dict[str, Any] | None:
-    """The raw build.json of a complete build in ``out_dir`` (package present), else None."""
+def read_report(out_dir: Path) -> BuildReport | None:
+    """The build.json of a complete build in ``out_dir`` (package present), else None.
+
+    A report this version cannot read counts as absent: the build is simply made again.
+    """
     report_path = out_dir / REPORT_NAME
     if not report_path.is_file() or not (out_dir / PACKAGE_NAME / "Manifest.json").is_file():
         return None
     try:
-        report = json.loads(report_path.read_text())
-    except ValueError:
+        return BuildReport.model_validate_json(report_path.read_bytes())
+    except ValidationError:
         return None
-    return report if isinstance(report, dict) else None
+
+
+def find_build(out_dir: Path, key: str, cache: BuildCache | None) -> BuildReport | None:
+    """The build ``key`` if ``out_dir`` holds it already or ``cache`` can restore it there."""
+    existing = read_report(out_dir)
+    if existing is not None and existing.key == key:
+        return existing
+    return cache.restore(key, out_dir) if cache is not None else None
 
 
 class BuildCache:
@@ -88,9 +100,9 @@ class BuildCache:
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def lookup(self, key: str) -> dict[str, Any] | None:
+    def lookup(self, key: str) -> BuildReport | None:
         report = read_report(self.entry(key))
-        return report if report is not None and report.get("key") == key else None
+        return report if report is not None and report.key == key else None
 
     def store(self, key: str, out_dir: Path) -> None:
         """Add a finished build (hard links where possible: no second copy of the weights)."""
@@ -120,13 +132,13 @@ class BuildCache:
         partial.write_text(json.dumps(ranking, indent=2))
         os.replace(partial, path)
 
-    def restore(self, key: str, out_dir: Path) -> dict[str, Any] | None:
+    def restore(self, key: str, out_dir: Path) -> BuildReport | None:
         """Materialize a cached build into ``out_dir``; its report, or None on a miss."""
         report = self.lookup(key)
         if report is None:
             return None
         existing = read_report(out_dir)
-        if existing is not None and existing.get("key") == key:
+        if existing is not None and existing.key == key:
             return existing
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = out_dir / f".restoring-{os.getpid()}"

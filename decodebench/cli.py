@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from decodebench.domain import Attention, KVCache, VariantSpec
+from decodebench.contracts.api import SweepDetail
+from decodebench.contracts.build import BuildReport
+from decodebench.contracts.domain import Attention, KVCache, VariantSpec
+from decodebench.contracts.names import TERMINAL_RUN_STATES, BuildState, SweepState
 
 
 class CliError(Exception):
@@ -29,7 +32,13 @@ def _progress_printer(quiet: bool):
 def cmd_build(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from decodebench.buildcache import BuildCache, model_identity, request_key, toolchain_versions
+    from decodebench.buildcache import (
+        BuildCache,
+        find_build,
+        model_identity,
+        request_key,
+        toolchain_versions,
+    )
     from decodebench.presets import PRESETS
 
     weights = Path(args.weights) if args.weights else None
@@ -69,7 +78,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         except WeightsError as error:
             raise CliError(f"--weights: {error}") from None
     key = request_key(model_identity(model, fingerprint), variant, toolchain_versions())
-    hit = _cached_build(out_dir, key, cache)
+    hit = find_build(out_dir, key, cache)
     if hit is not None:
         print(f"cache hit {key[:12]}: {out_dir / 'model.mlpackage'} ({_summary(hit)})")
         return 0
@@ -84,33 +93,26 @@ def cmd_build(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (BuildError, WeightsError) as error:
         raise CliError(str(error)) from None
-    print(f"built {out_dir / 'model.mlpackage'} in {report.wall_seconds:.1f}s "
-          f"(key {report.key[:12]}): {_summary(report.model_dump(mode='json'))}")
+    print(
+        f"built {out_dir / 'model.mlpackage'} in {report.wall_seconds:.1f}s "
+        f"(key {report.key[:12]}): {_summary(report)}"
+    )
     return 0
 
 
-def _cached_build(out_dir: Path, key: str, cache: Any) -> dict[str, Any] | None:
-    from decodebench.buildcache import read_report
-
-    existing = read_report(out_dir)
-    if existing is not None and existing.get("key") == key:
-        return existing
-    return cache.restore(key, out_dir) if cache is not None else None
-
-
-def _summary(report: dict[str, Any]) -> str:
-    analysis = report["analysis"]
+def _summary(report: BuildReport) -> str:
+    analysis = report.analysis
     parts = [
-        f"{analysis['ops_total']} ops",
-        f"{analysis['tile_ops']} tile ops ({analysis['tile_output_bytes'] / 2**20:.1f} MiB)",
-        f"{analysis['bytes_per_token']['total']:,} bytes moved per token",
+        f"{analysis.ops_total} ops",
+        f"{analysis.tile_ops} tile ops ({analysis.tile_output_bytes / 2**20:.1f} MiB)",
+        f"{analysis.bytes_per_token.total:,} bytes moved per token",
     ]
-    quant = report.get("quant")
+    quant = report.quant
     if quant:
-        compressed = ", ".join(f"{count} {op}" for op, count in sorted(quant["constexpr_ops"].items()))
-        parts.append(f"quant {quant['recipe']}: {compressed}")
-        if quant["promoted_layers"]:
-            parts.append(f"int8 layers {quant['promoted_layers']}")
+        compressed = ", ".join(f"{count} {op}" for op, count in sorted(quant.constexpr_ops.items()))
+        parts.append(f"quant {quant.recipe}: {compressed}")
+        if quant.promoted_layers:
+            parts.append(f"int8 layers {quant.promoted_layers}")
     return "; ".join(parts)
 
 
@@ -159,11 +161,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
             sweep = client.submit_sweep(spec)
         except ApiError as error:
             raise CliError(f"sweep rejected: {describe_api_error(error)}") from None
-        print(f"submitted sweep {sweep['id']}: {client.base_url}/sweeps/{sweep['id']}")
+        print(f"submitted sweep {sweep.id}: {client.base_url}/sweeps/{sweep.id}")
         if args.wait:
-            sweep = wait_for_sweep(client, sweep["id"], args.timeout)
+            sweep = wait_for_sweep(client, sweep.id, args.timeout)
             print(format_comparison(sweep))
-            return 0 if sweep["state"] == "completed" else 1
+            return 0 if sweep.state == SweepState.completed else 1
     return 0
 
 
@@ -193,7 +195,7 @@ def describe_api_error(error: Any) -> str:
     return f"HTTP {error.status_code}: {detail}"
 
 
-def wait_for_sweep(client: Any, sweep_id: int, timeout_s: float) -> dict[str, Any]:
+def wait_for_sweep(client: Any, sweep_id: int, timeout_s: float) -> SweepDetail:
     deadline = time.monotonic() + timeout_s
     last_line = ""
     while True:
@@ -202,51 +204,50 @@ def wait_for_sweep(client: Any, sweep_id: int, timeout_s: float) -> dict[str, An
         if line != last_line:
             print(line, file=sys.stderr, flush=True)
             last_line = line
-        if sweep["state"] in ("completed", "failed"):
+        if sweep.state in (SweepState.completed, SweepState.failed):
             return sweep
         if time.monotonic() > deadline:
-            raise CliError(f"sweep {sweep_id} still {sweep['state']} after {timeout_s:.0f}s")
+            raise CliError(f"sweep {sweep_id} still {sweep.state} after {timeout_s:.0f}s")
         time.sleep(1.0)
 
 
-def progress_line(sweep: dict[str, Any]) -> str:
+def progress_line(sweep: SweepDetail) -> str:
     builds = ", ".join(
-        f"{build['label']}: {build['state']}"
+        f"{build.label}: {build.state}"
         + (
-            f" {build['stage']} {build['progress'] * 100:.0f}%"
-            if build["state"] == "building"
+            f" {build.stage} {build.progress * 100:.0f}%"
+            if build.state == BuildState.building
             else ""
         )
-        for build in sweep["builds"]
+        for build in sweep.builds
     )
-    runs = sweep["runs"]
-    done = sum(run["state"] in ("succeeded", "failed") for run in runs)
-    return f"sweep {sweep['id']} {sweep['state']}: builds [{builds}]; runs {done}/{len(runs)} done"
+    done = sum(run.state in TERMINAL_RUN_STATES for run in sweep.runs)
+    return f"sweep {sweep.id} {sweep.state}: builds [{builds}]; runs {done}/{len(sweep.runs)} done"
 
 
-def format_comparison(sweep: dict[str, Any]) -> str:
+def format_comparison(sweep: SweepDetail) -> str:
     header = (
         f"{'device':16s} {'variant':28s} {'decode tok/s':>18s} {'speed-up':>9s} "
         f"{'predicted':>10s} {'tiles':>6s} {'tile MiB':>9s}  source"
     )
     lines = [
-        f"sweep {sweep['id']} · {sweep['model']} · {sweep['state']}",
+        f"sweep {sweep.id} · {sweep.model} · {sweep.state}",
         header,
         "-" * len(header),
     ]
-    for row in sweep["results"]:
-        mean = row["decode_tok_s_mean"]
-        rate = f"{mean:.1f} ± {row['decode_tok_s_ci95']:.1f}" if mean is not None else "—"
-        speedup = f"{row['speedup_vs_first']:.2f}x" if row["speedup_vs_first"] else "—"
-        predicted = f"{row['predicted_tok_s']:.1f}" if row["predicted_tok_s"] else "—"
-        tiles = "—" if row["tile_ops"] is None else str(row["tile_ops"])
-        tile_mib = "—" if row["tile_mib"] is None else f"{row['tile_mib']:.1f}"
-        source = {True: "SIMULATED", False: "measured", None: "—"}[row["simulated"]]
+    for row in sweep.results:
+        mean = row.decode_tok_s_mean
+        rate = f"{mean:.1f} ± {row.decode_tok_s_ci95 or 0:.1f}" if mean is not None else "—"
+        speedup = f"{row.speedup_vs_first:.2f}x" if row.speedup_vs_first else "—"
+        predicted = f"{row.predicted_tok_s:.1f}" if row.predicted_tok_s else "—"
+        tiles = "—" if row.tile_ops is None else str(row.tile_ops)
+        tile_mib = "—" if row.tile_mib is None else f"{row.tile_mib:.1f}"
+        source = {True: "SIMULATED", False: "measured", None: "—"}[row.simulated]
         lines.append(
-            f"{row['device_class']:16s} {row['variant']:28s} {rate:>18s} {speedup:>9s} "
+            f"{row.device_class:16s} {row.variant:28s} {rate:>18s} {speedup:>9s} "
             f"{predicted:>10s} {tiles:>6s} {tile_mib:>9s}  {source}"
         )
-    if sweep.get("simulated"):
+    if sweep.simulated:
         lines.append(
             "SIMULATED rows: timings from the device profile's roofline model, not an iPhone."
         )
@@ -260,18 +261,24 @@ def build_parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="convert one variant to an .mlpackage and analyse it")
     source = build.add_mutually_exclusive_group()
     source.add_argument("--preset", default=None, help="model preset (random weights)")
-    source.add_argument("--weights", default=None, help="Hugging Face folder: config.json + *.safetensors")
+    source.add_argument(
+        "--weights", default=None, help="Hugging Face folder: config.json + *.safetensors"
+    )
     build.add_argument("--attention", choices=[a.value for a in Attention], default="folded")
     build.add_argument("--kv", choices=[k.value for k in KVCache], default="state")
     build.add_argument("--context", type=int, default=512)
     build.add_argument("--prefill-chunk", type=int, default=None, help="add a prefill function")
     build.add_argument("--layers", type=int, default=None)
     build.add_argument(
-        "--quant", default="fp16", help="recipe: fp16, w8, w4, base, topK, or rules like ffn=int4/32"
+        "--quant",
+        default="fp16",
+        help="recipe: fp16, w8, w4, base, topK, or rules like ffn=int4/32",
     )
     build.add_argument("--out", required=True, help="output folder (model.mlpackage, build.json)")
     build.add_argument("--no-cache", action="store_true", help="neither reuse nor store builds")
-    build.add_argument("--cache-dir", default=None, help="build cache (default ~/.cache/decodebench)")
+    build.add_argument(
+        "--cache-dir", default=None, help="build cache (default ~/.cache/decodebench)"
+    )
     build.add_argument("--quiet", action="store_true")
     build.set_defaults(handler=cmd_build)
 

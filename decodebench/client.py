@@ -7,8 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import TypeAdapter
 
-from decodebench.protocol import (
+from decodebench.contracts.api import (
+    BuildDetail,
+    DeviceView,
+    Reenqueued,
+    ResultsStored,
+    SweepDetail,
+    SweepOverview,
+)
+from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.protocol import (
     AgentRegistered,
     AgentRegistration,
     BuildAssignment,
@@ -21,6 +31,8 @@ from decodebench.protocol import (
 )
 
 API = "/api/v1"
+_LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])
+_LIST_OF_DEVICES = TypeAdapter(list[DeviceView])
 
 
 class ApiError(Exception):
@@ -64,17 +76,21 @@ class DecodebenchClient:
 
     # Users and CI
 
-    def submit_sweep(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/sweeps", json=spec)
+    def submit_sweep(self, spec: SweepSpec | dict[str, Any]) -> SweepDetail:
+        body = spec.model_dump(mode="json") if isinstance(spec, SweepSpec) else spec
+        return SweepDetail.model_validate(self._request("POST", "/sweeps", json=body))
 
-    def get_sweep(self, sweep_id: int) -> dict[str, Any]:
-        return self._request("GET", f"/sweeps/{sweep_id}")
+    def get_sweep(self, sweep_id: int) -> SweepDetail:
+        return SweepDetail.model_validate(self._request("GET", f"/sweeps/{sweep_id}"))
 
-    def list_sweeps(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/sweeps")
+    def list_sweeps(self) -> list[SweepOverview]:
+        return _LIST_OF_SWEEPS.validate_python(self._request("GET", "/sweeps"))
 
-    def get_build(self, build_id: int) -> dict[str, Any]:
-        return self._request("GET", f"/builds/{build_id}")
+    def get_build(self, build_id: int) -> BuildDetail:
+        return BuildDetail.model_validate(self._request("GET", f"/builds/{build_id}"))
+
+    def list_devices(self) -> list[DeviceView]:
+        return _LIST_OF_DEVICES.validate_python(self._request("GET", "/devices"))
 
     # Agents
 
@@ -93,8 +109,9 @@ class DecodebenchClient:
     def renew_lease(self, run_id: int) -> LeaseRenewal:
         return LeaseRenewal.model_validate(self._request("POST", f"/runs/{run_id}/lease"))
 
-    def upload_results(self, run_id: int, result: RunResult) -> dict[str, Any]:
-        return self._request("POST", f"/runs/{run_id}/results", json=result.model_dump(mode="json"))
+    def upload_results(self, run_id: int, result: RunResult) -> ResultsStored:
+        data = self._request("POST", f"/runs/{run_id}/results", json=result.model_dump(mode="json"))
+        return ResultsStored.model_validate(data)
 
     def fail_run(self, run_id: int, reason: str, retryable: bool = True) -> None:
         self._request(
@@ -153,7 +170,7 @@ class DecodebenchClient:
         self._request("POST", f"/builds/{build_id}/fail", json={"reason": reason})
 
     def reconcile_builds(self) -> list[int]:
-        return list(self._request("POST", "/builds/reconcile")["reenqueued"])
+        return Reenqueued.model_validate(self._request("POST", "/builds/reconcile")).reenqueued
 
 
 def file_sha256(path: Path) -> str:

@@ -46,7 +46,7 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, Pa
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
 from decodebench import coreml_compat
-from decodebench.domain import KVCache, VariantSpec
+from decodebench.contracts.domain import KVCache, VariantSpec
 from decodebench.modeling import DecodeStepModel, example_inputs
 from decodebench.presets import ModelConfig
 from decodebench.quant.apply import QuantPlan, apply_plan

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from decodebench.contracts.analysis import RedundantCopy
 from decodebench.mlpackage import FunctionGraph, Operation, value_bytes, value_dtype, value_shape
 from decodebench.traffic import GATHER_OPS, is_constant_op, through_views
 
@@ -34,23 +34,6 @@ IDENTITY_OPERANDS: dict[str, tuple[tuple[str, ...], float]] = {
     "mul": (("x", "y"), 1.0),
     "real_div": (("y",), 1.0),
 }
-
-
-class RedundantCopy(BaseModel):
-    """A tensor that only copies another one: written once, read again."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: str  # tile | repeat_concat | repeat_gather | broadcast | transpose
-    op: str
-    name: str
-    function: str
-    shape: list[int]
-    dtype: str
-    bytes: int
-    moved_bytes: int
-    source_op: str
-    source: str
 
 
 def copy_source(graph: FunctionGraph, name: str | None) -> tuple[str, str]:

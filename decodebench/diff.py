@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from decodebench.analysis import GraphAnalysis, RedundantCopy, predict_tok_s
+from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 
 CATEGORIES = ("weights", "kv_read", "kv_write", "redundant", "total")
@@ -131,7 +131,7 @@ def diff_analyses(
     predicted = {}
     if moved_a.total > 0 and moved_b.total > 0:
         for profile in chosen:
-            rate_a, rate_b = predict_tok_s(a, profile), predict_tok_s(b, profile)
+            rate_a, rate_b = a.predict(profile), b.predict(profile)
             predicted[profile.device_class] = PredictedChange(
                 a=rate_a, b=rate_b, speedup=rate_b / rate_a
             )

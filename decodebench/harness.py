@@ -24,7 +24,7 @@ The harness's Documents directory (pushed and pulled by the agent over AFC):
 - ``job.json``: a :class:`HarnessJob`;
 - ``models/<artifact sha256>/model.mlpackage``: the pushed package, complete once
   ``models/<artifact sha256>/complete`` exists (a push cut short leaves no marker);
-- ``results.json``: a :class:`~decodebench.protocol.RunResult`, written atomically
+- ``results.json``: a :class:`~decodebench.contracts.protocol.RunResult`, written atomically
   (``results.json.partial`` then rename);
 - ``done``: a :class:`DoneMarker`, written after ``results.json`` (or instead of it on error);
 - ``harness.log``: the harness's own log lines.
@@ -39,8 +39,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from decodebench.domain import VariantSpec
-from decodebench.protocol import PromptResult
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.protocol import PromptResult
 
 HARNESS_PROTOCOL_VERSION = 1
 HARNESS_BUNDLE_ID = "dev.decodebench.harness"

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from decodebench.domain import Attention, KVCache
+from decodebench.contracts.domain import Attention, KVCache
 from decodebench.presets import ModelConfig
 
 # Small enough that activations and logits stay well inside fp16 range at EXAONE width.

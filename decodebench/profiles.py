@@ -64,8 +64,9 @@ class DeviceProfile(BaseModel):
         return 1.0 / self.seconds_per_token(bytes_per_token, dispatch_ops)
 
 
-# Starting points. The field fit (~55,900 MB/s on iPhone 17 Pro, DESIGN §1) was bandwidth only,
-# so the dispatch overhead it implies is 0: the fitted bandwidth already absorbs it. iPhone 16
+# Starting points (sources: docs/device-profiles.md). The field fit (~55,900 MB/s on iPhone 17
+# Pro) was bandwidth only, so the dispatch overhead it implies is 0: the fitted bandwidth
+# already absorbs it. iPhone 16
 # Pro ran the same final build about 21% slower (tok/s x 0.79). For iPhone 15 Pro there is no
 # field figure: Apple states A18 Pro has 17% more memory bandwidth than A17 Pro, so it starts
 # at the 16 Pro figure / 1.17. Calibration replaces each of these from measured runs.
@@ -74,14 +75,14 @@ IPHONE_17_PRO = DeviceProfile(
     display_name="iPhone 17 Pro",
     product_types=("iPhone18,1",),
     effective_bandwidth_mb_s=55_900.0,
-    source="field figure (DESIGN §1), uncalibrated",
+    source="field figure (docs/device-profiles.md), uncalibrated",
 )
 IPHONE_16_PRO = DeviceProfile(
     device_class="iphone-16-pro",
     display_name="iPhone 16 Pro",
     product_types=("iPhone17,1",),
     effective_bandwidth_mb_s=round(55_900.0 * 0.79, 1),
-    source="iPhone 17 Pro figure x 0.79 (DESIGN §1), uncalibrated",
+    source="iPhone 17 Pro figure x 0.79 (docs/device-profiles.md), uncalibrated",
 )
 IPHONE_15_PRO = DeviceProfile(
     device_class="iphone-15-pro",
@@ -108,9 +109,23 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
 }
 
 
+class UnknownDeviceClass(ValueError, LookupError):
+    """A device class no profile describes; the message lists the known ones.
+
+    A ``ValueError`` so that pydantic validators report it as the field's error as it is.
+    """
+
+    def __init__(self, device_class: str) -> None:
+        known = ", ".join(sorted(DEVICE_PROFILES))
+        super().__init__(f"unknown device class {device_class!r}; known: {known}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def get_profile(device_class: str) -> DeviceProfile:
+    """The one lookup of a device class's built-in profile."""
     try:
         return DEVICE_PROFILES[device_class]
     except KeyError:
-        known = ", ".join(sorted(DEVICE_PROFILES))
-        raise KeyError(f"unknown device class {device_class!r}; known: {known}") from None
+        raise UnknownDeviceClass(device_class) from None

@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
-
+from decodebench.contracts.analysis import KvState
 from decodebench.mlpackage import (
     FunctionGraph,
     InlineValue,
@@ -46,28 +45,6 @@ KV_NAME = re.compile(r"key|value|past|present|cache|(^|[._])(k|v|kv)([._\d]|$)",
 
 def is_constant_op(operation: Operation) -> bool:
     return operation.type == "const" or operation.type.startswith("constexpr_")
-
-
-class KvState(BaseModel):
-    """One KV-cache state of the decode function."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    shape: list[int]
-    dtype: str
-    bytes: int
-    positions: int = 0
-    bytes_per_position: int = 0
-    read: bool = True
-
-    def read_at(self, position: int) -> int:
-        """Bytes of positions ``0..position`` (what a position-aware kernel would read)."""
-        if not self.read:
-            return 0
-        if not self.positions:
-            return self.bytes
-        return self.bytes_per_position * min(position + 1, self.positions)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ def run_migrations_online() -> None:
             context.run_migrations()
         return
     section = config.get_section(config.config_ini_section, {})
-    section["sqlalchemy.url"] = config.get_main_option("sqlalchemy.url") or get_settings().database_url
+    section["sqlalchemy.url"] = (
+        config.get_main_option("sqlalchemy.url") or get_settings().database_url
+    )
     engine = engine_from_config(section, prefix="sqlalchemy.", poolclass=pool.NullPool)
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata)

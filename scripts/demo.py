@@ -64,22 +64,26 @@ def main() -> int:
         stack.start_server()
         stack.start_worker()
         stack.start_agent(DEMO_SWEEP["devices"])
-        print(f"server {stack.server_url}; worker and agent (2 simulated iPhones) started", flush=True)
+        print(
+            f"server {stack.server_url}; worker and agent (2 simulated iPhones) started", flush=True
+        )
         print(f"logs in {var_dir}", flush=True)
         with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
             sweep = client.submit_sweep(DEMO_SWEEP)
-            print(f"submitted sweep {sweep['id']}", flush=True)
-            sweep = wait_for_sweep(client, sweep["id"], args.timeout)
+            print(f"submitted sweep {sweep.id}", flush=True)
+            sweep = wait_for_sweep(client, sweep.id, args.timeout)
         print()
         print(format_comparison(sweep))
         print()
-        print(f"web UI: {stack.server_url}/sweeps/{sweep['id']}  (sign in with user token {stack.tokens['user']})")
+        print(
+            f"web UI: {stack.server_url}/sweeps/{sweep.id}  (sign in with user token {stack.tokens['user']})"
+        )
         if args.serve:
             print("serving; Ctrl-C stops everything", flush=True)
             while True:
                 stack.check_alive()
                 time.sleep(1)
-        return 0 if sweep["state"] == "completed" else 1
+        return 0 if sweep.state == "completed" else 1
     except KeyboardInterrupt:
         return 0
     finally:

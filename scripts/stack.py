@@ -82,9 +82,15 @@ class Stack:
         """Migrate and mint one token per role."""
         self.var_dir.mkdir(parents=True, exist_ok=True)
         self.manage("prestart", "--timeout", "30")
-        for kind, name in (("user", "demo-user"), ("worker", "demo-worker"), ("agent", "demo-agent")):
+        for kind, name in (
+            ("user", "demo-user"),
+            ("worker", "demo-worker"),
+            ("agent", "demo-agent"),
+        ):
             token = f"dbk_{kind}_{secrets.token_urlsafe(18)}"
-            self.tokens[kind] = self.manage("create-token", "--kind", kind, "--name", name, "--token", token)
+            self.tokens[kind] = self.manage(
+                "create-token", "--kind", kind, "--name", name, "--token", token
+            )
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
         log_path = self.var_dir / f"{name}.log"

@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
 from decodebench import __version__
+from decodebench.contracts.api import Health
 from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
 from server.auth import SessionDep
@@ -33,10 +34,10 @@ def create_app() -> FastAPI:
     async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:
         return RedirectResponse("/login", status_code=303)
 
-    @app.get("/api/v1/health", tags=["health"])
-    def health(session: SessionDep) -> dict[str, str]:
+    @app.get("/api/v1/health", tags=["health"], response_model=Health)
+    def health(session: SessionDep) -> Health:
         session.execute(text("select 1"))
-        return {"status": "ok", "version": __version__}
+        return Health(status="ok", version=__version__)
 
     for router in (
         sweeps_router,

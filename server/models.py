@@ -22,6 +22,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from decodebench.contracts.names import (  # noqa: F401  (re-exported for the server's modules)
+    TERMINAL_RUN_STATES,
+    BuildState,
+    RunState,
+    SweepState,
+)
+
 
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB}
@@ -31,31 +38,6 @@ class TokenKind(StrEnum):
     user = "user"
     agent = "agent"
     worker = "worker"
-
-
-class SweepState(StrEnum):
-    building = "building"
-    running = "running"
-    completed = "completed"
-    failed = "failed"
-
-
-class BuildState(StrEnum):
-    queued = "queued"
-    building = "building"
-    succeeded = "succeeded"
-    failed = "failed"
-
-
-class RunState(StrEnum):
-    waiting_build = "waiting_build"
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-
-
-TERMINAL_RUN_STATES = (RunState.succeeded, RunState.failed)
 
 
 def _now_column() -> Mapped[datetime]:

@@ -119,8 +119,49 @@ def stack(db: None, tmp_path):
     running.stop()
 
 
+MINIMAL_ANALYSIS = {
+    "functions": ["main"], "decode_function": "main", "ops_total": 1, "non_const_ops": 1,
+    "dispatch_ops": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0, "tiles": [],
+    "slice_update_ops": 0, "state_write_ops": 0, "state_read_ops": 0, "weight_bytes": 1,
+    "weight_file_bytes": 1, "state_bytes": 0, "states": [],
+    "bytes_per_token": {"weights": 0, "kv_read": 0, "kv_write": 0, "redundant": 0, "total": 1},
+}  # fmt: skip
+
+
+def full_analysis(figures: dict) -> dict:
+    """A complete analysis document carrying the figures a test cares about."""
+    moved = {**MINIMAL_ANALYSIS["bytes_per_token"], **figures.get("bytes_per_token", {})}
+    return {**MINIMAL_ANALYSIS, **figures, "bytes_per_token": moved}
+
+
+def build_report(build: dict, analysis: dict) -> dict:
+    """A build.json for ``build`` as a worker would write it, around a given analysis."""
+    from decodebench.presets import get_preset
+
+    return {
+        "key": build["key"],
+        "model": build["model"],
+        "variant": build["variant"],
+        "config": get_preset(build["model"]).model_dump(mode="json"),
+        "toolchain": build["toolchain"],
+        "stage_seconds": {"convert": 0.1},
+        "peak_rss_bytes": 1,
+        "package": "model.mlpackage",
+        "analysis": analysis,
+    }
+
+
 def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
-    """Act as a build worker over HTTP: start, upload an artifact, report the analysis."""
+    """Act as a build worker over HTTP: start, upload an artifact, report the analysis (its
+    figures completed by :func:`full_analysis`)."""
+    response = start_and_complete(
+        api, build, worker_token, build_report(build, full_analysis(analysis))
+    )
+    assert response.status_code == 200, response.text
+
+
+def start_and_complete(api, build: dict, worker_token: str, report: dict):
+    """Start ``build``, upload an artifact and post ``report``; the completion's response."""
     import hashlib
 
     headers = bearer(worker_token)
@@ -140,9 +181,8 @@ def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
     assert (
         api.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers).status_code == 201
     )
-    response = api.post(
+    return api.post(
         f"/api/v1/builds/{build['id']}/complete",
-        json={"artifact_sha256": sha256, "report": {"key": build["key"], "analysis": analysis}},
+        json={"artifact_sha256": sha256, "report": report},
         headers=headers,
     )
-    assert response.status_code == 200, response.text

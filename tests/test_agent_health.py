@@ -6,7 +6,7 @@ import pytest
 
 from agent.config import parse_settings
 from agent.health import DeviceHealth, HealthPolicy, gate
-from decodebench.protocol import DeviceInfo, ThermalState
+from decodebench.contracts.protocol import DeviceInfo, ThermalState
 
 POLICY = HealthPolicy(min_battery=20, cooldown_s=100, hold_s=10)
 

@@ -41,10 +41,10 @@ from agent.main import (
 )
 from agent.runner import JobError, ResultMismatch, build_job, check_result, failure_reason
 from decodebench.client import ApiError, DecodebenchClient
-from decodebench.domain import VariantSpec
-from decodebench.profiles import IPHONE_16_PRO, IPHONE_17_PRO
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.protocol import AgentRegistration, DeviceInfo, RunAssignment, RunResult
+from decodebench.profiles import IPHONE_16_PRO, IPHONE_17_PRO, UnknownDeviceClass
 from decodebench.prompts import builtin_prompts
-from decodebench.protocol import AgentRegistration, DeviceInfo, RunAssignment, RunResult
 
 BYTES_PER_TOKEN = 600_000_000
 JITTER = TimingParameters().jitter
@@ -190,7 +190,7 @@ def test_iphone_17_pro_is_faster_than_16_pro_by_the_profile_ratio(
     ratio = aggregate_tok_s(fast) / aggregate_tok_s(slow)
     profile_ratio = IPHONE_17_PRO.effective_bandwidth_mb_s / IPHONE_16_PRO.effective_bandwidth_mb_s
     assert ratio == pytest.approx(profile_ratio, rel=0.005)
-    assert ratio > 1.2  # DESIGN §1: the 16 Pro runs the same build about 21% slower
+    assert ratio > 1.2  # docs/device-profiles.md: the 16 Pro runs the same build about 21% slower
 
 
 def test_prefill_processes_tokens_faster_by_the_stated_parallelism(
@@ -270,7 +270,7 @@ def test_discovered_devices_are_labelled_simulated(tmp_path: Path) -> None:
 
 
 def test_unknown_device_class_is_refused_at_start_up(tmp_path: Path) -> None:
-    with pytest.raises(KeyError, match="iphone-3g"):
+    with pytest.raises(UnknownDeviceClass, match="iphone-3g"):
         SimulatedDriver([SimulatedDevice("sim-x", "iphone-3g")], tmp_path)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from coremltools.proto import MIL_pb2, Model_pb2
 
-from decodebench.analysis import AnalysisError, analyze_mlpackage, predict_tok_s
+from decodebench.analysis import AnalysisError, analyze_mlpackage
 from decodebench.build import (
     PACKAGE_NAME,
     REPORT_NAME,
@@ -23,7 +23,7 @@ from decodebench.build import (
     load_report,
     toolchain_versions,
 )
-from decodebench.domain import Attention, VariantSpec, build_key
+from decodebench.contracts.domain import Attention, VariantSpec, build_key
 from decodebench.modeling import build_model, parameter_count
 from decodebench.presets import TINY_GQA
 from decodebench.profiles import DEVICE_PROFILES, IPHONE_17_PRO, DeviceProfile
@@ -121,7 +121,7 @@ def test_bytes_per_token_and_prediction(builds: dict[Attention, Built]) -> None:
         assert moved.total == moved.weights + moved.kv_read + moved.kv_write + moved.redundant
         assert sum(analysis.op_counts.values()) == analysis.ops_total
         assert analysis.non_const_ops == analysis.ops_total - analysis.op_counts["const"]
-        assert predict_tok_s(analysis, IPHONE_17_PRO) == pytest.approx(
+        assert analysis.predict(IPHONE_17_PRO) == pytest.approx(
             IPHONE_17_PRO.effective_bandwidth_bytes_s / moved.total
         )
         predictions[attention] = analysis.predicted_tok_s()
@@ -174,7 +174,7 @@ def test_prediction_adds_the_dispatch_overhead(builds: dict[Attention, Built]) -
         source="test",
     )
     seconds = analysis.bytes_per_token.total / 1e9 + analysis.dispatch_ops * 5e-6
-    assert predict_tok_s(analysis, profile) == pytest.approx(1 / seconds)
+    assert analysis.predict(profile) == pytest.approx(1 / seconds)
 
 
 def test_json_keeps_the_first_cut_and_adds_the_accounting(builds: dict[Attention, Built]) -> None:

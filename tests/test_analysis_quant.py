@@ -17,9 +17,10 @@ import coremltools as ct
 import coremltools.optimize.coreml as cto
 import pytest
 
-from decodebench.analysis import GraphAnalysis, analyze_mlpackage
+from decodebench.analysis import analyze_mlpackage
 from decodebench.build import build_variant
-from decodebench.domain import Attention, VariantSpec
+from decodebench.contracts.analysis import GraphAnalysis
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA
 
 pytestmark = pytest.mark.slow

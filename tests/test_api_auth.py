@@ -25,7 +25,9 @@ def test_agent_token_cannot_submit_sweeps(api, agent_token: str) -> None:
 
 
 def test_user_token_cannot_claim_runs(api, user_token: str) -> None:
-    response = api.post("/api/v1/agents/claim", json={"device_udid": "x"}, headers=bearer(user_token))
+    response = api.post(
+        "/api/v1/agents/claim", json={"device_udid": "x"}, headers=bearer(user_token)
+    )
     assert response.status_code == 403
 
 

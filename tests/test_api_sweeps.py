@@ -18,8 +18,16 @@ SWEEP = {
     ("change", "field", "message"),
     [
         ({"model": "gpt-17"}, ["body", "model"], "unknown model preset 'gpt-17'"),
-        ({"variants": [{"attention": "sideways"}]}, ["body", "variants", 0, "attention"], "repeat_kv"),
-        ({"variants": [{"context": 10}]}, ["body", "variants", 0, "context"], "greater than or equal"),
+        (
+            {"variants": [{"attention": "sideways"}]},
+            ["body", "variants", 0, "attention"],
+            "repeat_kv",
+        ),
+        (
+            {"variants": [{"context": 10}]},
+            ["body", "variants", 0, "context"],
+            "greater than or equal",
+        ),
         ({"variants": []}, ["body", "variants"], "at least 1"),
         ({"devices": ["pixel-9"]}, ["body", "devices"], "unknown device class 'pixel-9'"),
         ({"prompts": 31}, ["body", "prompts"], "less than or equal to 30"),
@@ -63,7 +71,13 @@ def test_sweep_expands_into_shared_builds_and_interleaved_runs(api, user_token: 
 
 
 def test_a_different_context_is_a_different_build(api, user_token: str) -> None:
-    spec = {**SWEEP, "variants": [{"attention": "folded", "context": 512}, {"attention": "folded", "context": 1024}]}
+    spec = {
+        **SWEEP,
+        "variants": [
+            {"attention": "folded", "context": 512},
+            {"attention": "folded", "context": 1024},
+        ],
+    }
     sweep = api.post("/api/v1/sweeps", json=spec, headers=bearer(user_token)).json()
     assert len({build["key"] for build in sweep["builds"]}) == 2
 

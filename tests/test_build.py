@@ -13,7 +13,7 @@ import pytest
 from decodebench.analysis import analyze_mlpackage
 from decodebench.build import BuildError, build_variant, load_report
 from decodebench.buildcache import BuildCache
-from decodebench.domain import VariantSpec, build_key
+from decodebench.contracts.domain import VariantSpec, build_key
 
 pytestmark = pytest.mark.slow
 

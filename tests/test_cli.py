@@ -14,7 +14,10 @@ from decodebench.presets import TINY_GQA
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "decodebench.cli", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "decodebench.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -66,7 +69,14 @@ def test_build_then_analyze_json(tmp_path: Path) -> None:
     result = run_cli("analyze", str(tmp_path / "rkv" / "model.mlpackage"), "--json")
     assert result.returncode == 0, result.stderr
     analysis = json.loads(result.stdout)
-    for field in ("ops_total", "op_counts", "tile_ops", "tile_output_bytes", "state_write_ops", "weight_bytes"):
+    for field in (
+        "ops_total",
+        "op_counts",
+        "tile_ops",
+        "tile_output_bytes",
+        "state_write_ops",
+        "weight_bytes",
+    ):
         assert field in analysis
     layers, heads, head_dim = TINY_GQA.num_layers, TINY_GQA.num_attention_heads, TINY_GQA.head_dim
     assert analysis["tile_ops"] == 2 * layers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +19,8 @@ def test_defines_every_service_role() -> None:
     assert set(load()["services"]) == {"postgres", "redis", "server", "worker", "beat"}
 
 
-def test_commands_name_modules_that_exist() -> None:
+def test_commands_name_modules_that_exist(monkeypatch) -> None:
+    monkeypatch.setenv("DECODEBENCH_WORKER_TOKEN", "compose-test")
     services = load()["services"]
     server_command = " ".join(services["server"]["command"])
     assert "python -m server.manage prestart" in server_command
@@ -33,7 +35,10 @@ def test_commands_name_modules_that_exist() -> None:
 
 def test_roles_share_the_database_and_broker_settings() -> None:
     services = load()["services"]
-    urls = {services[role]["environment"]["DECODEBENCH_BROKER_URL"] for role in ("server", "worker", "beat")}
+    urls = {
+        services[role]["environment"]["DECODEBENCH_BROKER_URL"]
+        for role in ("server", "worker", "beat")
+    }
     assert urls == {"redis://redis:6379/0"}
     assert "postgres:5432" in services["server"]["environment"]["DECODEBENCH_DATABASE_URL"]
     for role in ("worker", "beat"):  # the server is the only writer to the database
@@ -45,3 +50,25 @@ def test_dockerfile_copies_every_role() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     for folder in ("decodebench", "server", "worker", "agent", "migrations"):
         assert f"COPY {folder} {folder}" in dockerfile
+
+
+def test_the_server_image_installs_without_the_build_toolchain() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG EXTRAS=server" in dockerfile and ".[${EXTRAS}]" in dockerfile
+    services = load()["services"]
+    assert services["server"]["build"] == "."  # the default: the server extra only
+    for role in ("worker", "beat"):
+        assert services[role]["build"]["args"]["EXTRAS"] == "worker"
+
+
+def test_a_worker_without_a_token_refuses_to_start(monkeypatch) -> None:
+    from pydantic import ValidationError
+
+    from worker.config import WorkerSettings
+
+    monkeypatch.setenv("DECODEBENCH_WORKER_TOKEN", "  ")
+    with pytest.raises(ValidationError, match="DECODEBENCH_WORKER_TOKEN must be set"):
+        WorkerSettings()
+    monkeypatch.setenv("DECODEBENCH_WORKER_TOKEN", "secret-token")
+    settings = WorkerSettings()
+    assert settings.token == "secret-token" and "secret-token" not in repr(settings)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.convert import ConversionError, CoreMLToolsConverter, convert
-from decodebench.domain import Attention, VariantSpec
 from decodebench.modeling import build_model
 from decodebench.presets import TINY_GQA
 

@@ -17,7 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_demo_prints_the_comparison_and_the_ui_address(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if not key.startswith("DECODEBENCH_")}
     result = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--var-dir", str(tmp_path / "demo"), "--timeout", "600"],
+        [
+            sys.executable,
+            "scripts/demo.py",
+            "--var-dir",
+            str(tmp_path / "demo"),
+            "--timeout",
+            "600",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

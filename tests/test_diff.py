@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.analysis import GraphAnalysis, RedundantCopy, analyze_mlpackage
+from decodebench.analysis import analyze_mlpackage
 from decodebench.build import build_variant
+from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.diff import _unmatched, diff_analyses
-from decodebench.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 

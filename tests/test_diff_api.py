@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from decodebench.analysis import GraphAnalysis
 from decodebench.build import build_variant
-from decodebench.domain import Attention, VariantSpec
+from decodebench.contracts.analysis import GraphAnalysis
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA
-from tests.conftest import bearer, complete_build
+from tests.conftest import bearer, build_report, complete_build, start_and_complete
 
 pytestmark = pytest.mark.slow
 
@@ -84,19 +84,29 @@ def test_diff_predictions_use_the_current_profiles(api, sweep, user_token, analy
     assert diff["predicted"]["iphone-17-pro"]["speedup"] != pytest.approx(diff["bytes_speedup"])
 
 
+def test_an_incomplete_report_is_refused_and_nothing_is_stored(
+    api, user_token, worker_token
+) -> None:
+    created = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
+    build = created["builds"][0]
+    first_cut_only = {"ops_total": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0,
+                      "state_write_ops": 0, "weight_bytes": 1, "bytes_per_token": {"total": 1}}  # fmt: skip
+    refused = start_and_complete(api, build, worker_token, build_report(build, first_cut_only))
+    assert refused.status_code == 422
+    assert ["body", "report", "analysis", "functions"] in [
+        e["loc"] for e in refused.json()["detail"]
+    ]
+    stored = api.get(f"/api/v1/builds/{build['id']}", headers=bearer(user_token)).json()
+    assert stored["state"] == "building" and stored["report"] is None
+    assert stored["analysis"] is None
+
+
 def test_diff_needs_two_analysed_builds(api, user_token, worker_token) -> None:
     created = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
     a, b = created["builds"]
     queued = api.get(f"/api/v1/builds/{a['id']}/diff/{b['id']}", headers=bearer(user_token))
     assert queued.status_code == 409
     assert queued.json()["detail"] == f"build {a['id']} has no analysis yet (it is queued)"
-    first_cut_only = {"ops_total": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0,
-                      "state_write_ops": 0, "weight_bytes": 1, "bytes_per_token": {"total": 1}}  # fmt: skip
-    for build in created["builds"]:
-        complete_build(api, build, worker_token, first_cut_only)
-    partial = api.get(f"/api/v1/builds/{a['id']}/diff/{b['id']}", headers=bearer(user_token))
-    assert partial.status_code == 409
-    assert "analysis lacks what a diff needs" in partial.json()["detail"]
     missing = api.get(f"/api/v1/builds/{a['id']}/diff/999", headers=bearer(user_token))
     assert missing.status_code == 404
 

@@ -22,12 +22,12 @@ from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_d
 from agent.drivers.emulated import EmulatedDriver, driver_for_fleet
 from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
-from decodebench.domain import VariantSpec
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
 from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
 from decodebench.profiles import IPHONE_17_PRO
-from decodebench.protocol import DeviceInfo, RunAssignment, RunResult
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
 

@@ -45,7 +45,9 @@ def test_new_builds_are_enqueued_once(api, user_token, broker) -> None:
     assert len(queued_build_ids(broker)) == 2
 
 
-def test_nothing_is_enqueued_when_the_transaction_rolls_back(api, user_token, broker, monkeypatch) -> None:
+def test_nothing_is_enqueued_when_the_transaction_rolls_back(
+    api, user_token, broker, monkeypatch
+) -> None:
     from server.sweeps import service
 
     def explode(*args, **kwargs):
@@ -58,7 +60,9 @@ def test_nothing_is_enqueued_when_the_transaction_rolls_back(api, user_token, br
     assert table_counts()["builds"] == 0
 
 
-def test_reconciler_resends_builds_whose_message_was_lost(api, user_token, worker_token, broker) -> None:
+def test_reconciler_resends_builds_whose_message_was_lost(
+    api, user_token, worker_token, broker
+) -> None:
     from server.db import get_engine
 
     sweep = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
@@ -67,7 +71,8 @@ def test_reconciler_resends_builds_whose_message_was_lost(api, user_token, worke
     assert fresh == {"reenqueued": []}  # too recent to call lost
     with get_engine().begin() as connection:
         connection.execute(
-            text("UPDATE builds SET updated_at = :old"), {"old": datetime.now(UTC) - timedelta(minutes=5)}
+            text("UPDATE builds SET updated_at = :old"),
+            {"old": datetime.now(UTC) - timedelta(minutes=5)},
         )
     stale = api.post("/api/v1/builds/reconcile", headers=bearer(worker_token)).json()
     expected = sorted(build["id"] for build in sweep["builds"])

@@ -13,8 +13,8 @@ import torch
 
 from decodebench.analysis import analyze_mlpackage
 from decodebench.build import PACKAGE_NAME, build_variant
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.convert import convert
-from decodebench.domain import Attention, VariantSpec
 from decodebench.mil.fold_package import fold_mlpackage, render
 from decodebench.mil.program import quiet_coremltools
 from decodebench.mil.verify import open_session, verify_packages

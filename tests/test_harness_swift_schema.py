@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from decodebench import harness, protocol
+from decodebench import harness
+from decodebench.contracts import protocol
 
 SWIFT = (
     Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ import pytest
 from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_device
 from agent.drivers.host import HostDriver
 from agent.runner import build_job, check_result
-from decodebench.domain import VariantSpec
-from decodebench.protocol import RunAssignment, RunResult
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.protocol import RunAssignment, RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 128

@@ -13,7 +13,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
 from decodebench.build import PACKAGE_NAME, build_variant
-from decodebench.domain import Attention, VariantSpec
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.mil.interpreter import Interpreter, numpy_dtype
 from decodebench.mil.program import MilError, load_package, quiet_coremltools
 from decodebench.mil.verify import open_session

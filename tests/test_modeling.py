@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional
 
-from decodebench.domain import Attention
+from decodebench.contracts.domain import Attention
 from decodebench.modeling import (
     GroupedQueryAttention,
     build_model,

@@ -11,6 +11,7 @@ from decodebench.profiles import (
     IPHONE_16_PRO,
     IPHONE_17_PRO,
     DeviceProfile,
+    UnknownDeviceClass,
     get_profile,
 )
 
@@ -61,5 +62,5 @@ def test_nonsense_inputs_are_refused() -> None:
         profile(0.0)
     with pytest.raises(ValidationError):
         profile(1.0, overhead_us=-1.0)
-    with pytest.raises(KeyError, match="unknown device class 'iphone-3g'"):
+    with pytest.raises(UnknownDeviceClass, match="unknown device class 'iphone-3g'"):
         get_profile("iphone-3g")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from decodebench.domain import VariantSpec
+from decodebench.contracts.domain import VariantSpec
 from decodebench.modeling import build_model
 from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
 from decodebench.quant.apply import QuantPlan, decompress, weight_role

@@ -14,7 +14,7 @@ from coremltools.converters.mil.mil import types
 
 from decodebench.build import PACKAGE_NAME, build_variant
 from decodebench.cli import main
-from decodebench.domain import Attention, VariantSpec
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.mil.inputs import InputMapping, recognise, step_feed
 from decodebench.mil.interpreter import Interpreter
 from decodebench.mil.program import MilError, quiet_coremltools

@@ -9,11 +9,11 @@ from celery import Celery
 
 from decodebench.broker import BUILD_QUEUE, BUILD_TASK, RECONCILE_TASK, transport_options
 from decodebench.client import DecodebenchClient
-from worker.config import WorkerSettings
+from worker.config import get_worker_settings
 
 log = logging.getLogger(__name__)
 
-settings = WorkerSettings()
+settings = get_worker_settings()
 app = Celery("decodebench-worker", broker=settings.broker_url)
 app.conf.update(
     broker_transport_options=transport_options(settings.broker_url),

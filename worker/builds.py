@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -10,7 +9,8 @@ from pathlib import Path
 
 from decodebench.artifacts import pack_directory
 from decodebench.client import DecodebenchClient
-from decodebench.protocol import BuildOutcome
+from decodebench.contracts.names import REPORT_NAME
+from decodebench.contracts.protocol import BuildOutcome
 from worker.config import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -69,12 +69,11 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
                 report = build_variant(
                     assignment.model, assignment.variant, out_dir, progress=progress, cache=cache
                 )
-                report_json = report.model_dump(mode="json")
-                report_json["key"] = assignment.key
+                report = report.model_copy(update={"key": assignment.key})
                 # A new file, not a rewrite: build.json may be a hard link into the cache.
-                rekeyed = out_dir / "build.json.server"
-                rekeyed.write_text(json.dumps(report_json, indent=2))
-                rekeyed.replace(out_dir / "build.json")
+                rekeyed = out_dir / f"{REPORT_NAME}.server"
+                rekeyed.write_text(report.model_dump_json(indent=2))
+                rekeyed.replace(out_dir / REPORT_NAME)
                 progress("upload", 1.0)
                 archive = pack_directory(out_dir, Path(tmp) / "artifact.zip")
                 sha256 = client.upload_artifact(archive)
@@ -82,7 +81,5 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
                 log.exception("build %s failed", build_id)
                 client.fail_build(build_id, f"{type(error).__name__}: {error}")
                 return f"failed: {error}"
-            client.complete_build(
-                build_id, BuildOutcome(artifact_sha256=sha256, report=report_json)
-            )
+            client.complete_build(build_id, BuildOutcome(artifact_sha256=sha256, report=report))
             return f"built {sha256}"

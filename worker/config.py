@@ -1,25 +1,44 @@
-"""Build workers need the broker, the server's URL and a worker token: no database access."""
+"""The build worker's settings: the broker, the server's URL and a worker token, no database."""
 
 from __future__ import annotations
 
-import os
 import socket
-from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-@dataclass(frozen=True)
-class WorkerSettings:
-    broker_url: str = field(
-        default_factory=lambda: os.environ.get("DECODEBENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
+
+class WorkerSettings(BaseSettings):
+    """Read from ``DECODEBENCH_*`` environment variables when the worker starts."""
+
+    model_config = SettingsConfigDict(env_prefix="DECODEBENCH_", extra="ignore")
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    server_url: str = "http://127.0.0.1:8000"
+    worker_token: SecretStr = Field(
+        default=SecretStr(""), description="A worker token (python -m server.manage create-token)"
     )
-    server_url: str = field(
-        default_factory=lambda: os.environ.get("DECODEBENCH_SERVER_URL", "http://127.0.0.1:8000")
-    )
-    token: str = field(default_factory=lambda: os.environ.get("DECODEBENCH_WORKER_TOKEN", ""))
-    work_dir: Path = field(
-        default_factory=lambda: Path(os.environ.get("DECODEBENCH_WORK_DIR", "var/worker"))
-    )
-    name: str = field(
-        default_factory=lambda: os.environ.get("DECODEBENCH_WORKER_NAME", socket.gethostname())
-    )
+    work_dir: Path = Path("var/worker")
+    worker_name: str = Field(default_factory=socket.gethostname)
+
+    @field_validator("worker_token")
+    @classmethod
+    def _token_is_set(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("DECODEBENCH_WORKER_TOKEN must be set to a worker token")
+        return value
+
+    @property
+    def token(self) -> str:
+        return self.worker_token.get_secret_value()
+
+    @property
+    def name(self) -> str:
+        return self.worker_name
+
+
+@lru_cache
+def get_worker_settings() -> WorkerSettings:
+    return WorkerSettings()

@@ -14,8 +14,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.contracts.protocol import DeviceInfo, RunResult
 from decodebench.harness import HarnessJob, HarnessPrompt
-from decodebench.protocol import DeviceInfo, RunResult
 
 __all__ = [
     "ArtifactError",

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
+from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 from decodebench.emulated.reference import TorchStepEngine, resolve_config
 from decodebench.harness import MonotonicClock, run_prompt, warm_up
-from decodebench.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 
 log = logging.getLogger(__name__)
 

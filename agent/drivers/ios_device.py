@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.drivers.base import DriverError
+from decodebench.contracts.protocol import DeviceInfo
 from decodebench.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES
-from decodebench.protocol import DeviceInfo
 
 log = logging.getLogger(__name__)
 

@@ -52,6 +52,7 @@ from agent.drivers.ios_errors import (
 )
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
+from decodebench.contracts.protocol import DeviceInfo, RunResult
 from decodebench.harness import (
     HARNESS_LOG,
     JOB_FILE,
@@ -59,7 +60,6 @@ from decodebench.harness import (
     HarnessJob,
     package_path,
 )
-from decodebench.protocol import DeviceInfo, RunResult
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Everything the agent does around a run is real (download, unpack and check the a
 write the job, read back and validate results.json); only the phone is replaced by a formula,
 and every result says so (`simulated=True`, `driver="simulated"`, `timing_model`).
 
-The model (DESIGN §1), per prompt, seeded by (run id, device UDID, prompt index):
+The model (docs/device-profiles.md), per prompt, seeded by (run id, device UDID, prompt index):
 
 - decode latency per token = bytes_per_token / effective bandwidth of the device profile,
   times an independent jitter factor per token, uniform in [1 - jitter, 1 + jitter];
@@ -32,9 +32,9 @@ from agent.drivers.base import (
     InstalledModel,
 )
 from decodebench.client import file_sha256
+from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 from decodebench.emulated.timing import TimingParameters, decode_latency_s, prompt_seed
 from decodebench.profiles import DeviceProfile, get_profile
-from decodebench.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 
 log = logging.getLogger(__name__)
 

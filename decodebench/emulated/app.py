@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from decodebench.contracts.protocol import RunResult
 from decodebench.emulated.faults import FaultKind
 from decodebench.emulated.reference import (
     CHEAP_PARAMETERS,
@@ -42,7 +43,6 @@ from decodebench.harness import (
     run_prompts,
 )
 from decodebench.profiles import DeviceProfile, get_profile
-from decodebench.protocol import RunResult
 
 if TYPE_CHECKING:
     from decodebench.emulated.device import AppProcess, EmulatedDevice

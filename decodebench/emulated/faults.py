@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from enum import StrEnum
 
-from decodebench.protocol import ThermalState
+from decodebench.contracts.protocol import ThermalState
 
 
 class FaultKind(StrEnum):

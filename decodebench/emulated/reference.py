@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from decodebench.domain import VariantSpec
+from decodebench.contracts.domain import VariantSpec
 from decodebench.emulated.timing import TokenSource
 from decodebench.presets import ModelConfig, get_preset
 

@@ -1,4 +1,4 @@
-"""The roofline timing model of a fake iPhone: decode is memory-bound (DESIGN §1).
+"""The roofline timing model of a fake iPhone: decode is memory-bound (docs/device-profiles.md).
 
 A step of the decode model costs `bytes_per_token / effective bandwidth` of the device profile,
 times a small seeded jitter. Used by the simulated driver (agent) and the emulated iPhone.

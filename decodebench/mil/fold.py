@@ -1,7 +1,7 @@
 """The GQA fold: remove KV-head replication from a MIL program by grouping the queries instead.
 
 ``fold_program(program)`` rewrites every attention that reads replicated K/V (see
-:mod:`decodebench.mil.attention`) so K and V are read at their stored ``Hkv`` heads (DESIGN §1):
+:mod:`decodebench.mil.attention`) so K and V are read at their stored ``Hkv`` heads (docs/architecture.md):
 
 - ``h // G``: ``Q [B, Hq, L, D] -> reshape [B, Hkv, G·L, D]`` (row ``g·L + l`` of KV head ``kv`` is
   query head ``G·kv + g`` at position ``l``), and the output reshapes back;

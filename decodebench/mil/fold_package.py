@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from decodebench.analysis import GraphAnalysis, analyze_mlpackage
+from decodebench.analysis import analyze_mlpackage
+from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.mil.fold import FoldReport, fold_program
 from decodebench.mil.program import MilError, load_package, save_package
 

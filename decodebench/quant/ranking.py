@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from decodebench.buildcache import BuildCache, ranking_key
+from decodebench.contracts.build import METHOD, LayerSensitivity, SensitivityReport
 from decodebench.modeling import DecodeStepModel
 from decodebench.presets import ModelConfig
 from decodebench.prompts import prompt_set_digest
@@ -21,9 +22,6 @@ from decodebench.quant.sensitivity import (
     CALIBRATION_PROMPTS,
     CALIBRATION_TOKENS,
     MATMUL_DTYPE,
-    METHOD,
-    LayerSensitivity,
-    SensitivityReport,
     arithmetic_label,
     measure,
     promoted_layers,

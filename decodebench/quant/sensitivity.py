@@ -34,9 +34,9 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch.nn import functional
 
+from decodebench.contracts.build import LayerSensitivity
 from decodebench.modeling import DecodeStepModel, inverse_frequencies
 from decodebench.prompts import builtin_prompts, pseudo_tokenize
 from decodebench.quant.apply import QuantPlan, fake_quantize
@@ -46,34 +46,7 @@ from decodebench.quant.recipe import QuantRecipe
 CALIBRATION_PROMPTS = 2
 CALIBRATION_TOKENS = 16
 MATMUL_DTYPE = torch.bfloat16
-METHOD = "kl_next_token_vs_fp16"
 _HEAD_ROWS = 8192
-
-
-class LayerSensitivity(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    layer: int
-    kl: float = Field(description="Mean KL(fp16 || only this layer quantized), nats per token")
-
-
-class SensitivityReport(BaseModel):
-    """What build.json stores: the ranking and how it was measured."""
-
-    model_config = ConfigDict(frozen=True)
-
-    method: str = METHOD
-    schemes: dict[str, str] = Field(description="The scheme each layer's weights were tried at")
-    calibration: str
-    tokens: int
-    ranking: list[LayerSensitivity] = Field(description="Most sensitive first")
-    promoted: list[int]
-    seconds: float = 0.0
-    # Added with the ranking cache; defaults keep older build.json files readable.
-    arithmetic: str = "fp32"
-    measured_by: str | None = Field(
-        default=None, description="Build key whose run measured this ranking when it was reused"
-    )
 
 
 def calibration_tokens(

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from decodebench.protocol import (
+from decodebench.contracts.api import DeviceView, ResultsStored, RunStateView
+from decodebench.contracts.protocol import (
     AgentRegistered,
     AgentRegistration,
     ClaimRequest,
@@ -37,25 +38,11 @@ def heartbeat(body: Heartbeat, token: AgentToken, session: SessionDep) -> None:
     service.heartbeat(session, service.agent_for_token(session, token), body.devices)
 
 
-@router.get("/devices")
-def list_devices(token: UserToken, session: SessionDep) -> list[dict[str, object]]:
+@router.get("/devices", response_model=list[DeviceView])
+def list_devices(token: UserToken, session: SessionDep) -> list[DeviceView]:
     """The fleet as the agents last reported it, including devices that went away."""
     return [
-        {
-            "udid": device.udid,
-            "device_class": device.device_class,
-            "product_type": device.product_type,
-            "os_version": device.os_version,
-            "driver": device.driver,
-            "simulated": device.simulated,
-            "status": device.status,
-            "connected": device.connected,
-            "battery_level": device.battery_level,
-            "charging": device.charging,
-            "thermal_state": device.thermal_state,
-            "agent_id": device.agent_id,
-            "last_seen_at": device.last_seen_at.isoformat(),
-        }
+        DeviceView.model_validate(device, from_attributes=True)
         for device in service.list_devices(session)
     ]
 
@@ -79,18 +66,19 @@ def renew(run_id: int, token: AgentToken, session: SessionDep) -> LeaseRenewal:
     return LeaseRenewal(lease_expires_at=run.lease_expires_at.isoformat())
 
 
-@router.post("/runs/{run_id}/results")
+@router.post("/runs/{run_id}/results", response_model=ResultsStored)
 def upload_results(
     run_id: int, body: RunResult, token: AgentToken, session: SessionDep
-) -> dict[str, object]:
+) -> ResultsStored:
     agent = service.agent_for_token(session, token)
     run = runs.record_results(session, run_id, agent.id, body)
-    return {"run_id": run.id, "state": run.state, "prompts_stored": run.summary["prompts"]}
+    assert run.summary is not None
+    return ResultsStored(run_id=run.id, state=run.state, prompts_stored=run.summary["prompts"])
 
 
-@router.post("/runs/{run_id}/fail")
-def fail(run_id: int, body: RunFailure, token: AgentToken, session: SessionDep) -> dict[str, str]:
+@router.post("/runs/{run_id}/fail", response_model=RunStateView)
+def fail(run_id: int, body: RunFailure, token: AgentToken, session: SessionDep) -> RunStateView:
     agent = service.agent_for_token(session, token)
     max_attempts = get_settings().max_run_attempts
     run = runs.fail_run(session, run_id, agent.id, body.reason, body.retryable, max_attempts)
-    return {"state": run.state}
+    return RunStateView(state=run.state)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from decodebench.profiles import DEVICE_PROFILES
-from decodebench.protocol import AgentRegistration, DeviceInfo
+from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
+from decodebench.profiles import UnknownDeviceClass, get_profile
 from server.errors import Conflict, InvalidInput, NotAuthenticated
 from server.models import Agent, ApiToken, Device
 
@@ -46,11 +46,10 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
     if len(set(udids)) != len(udids):
         raise InvalidInput("devices: each udid may appear once")
     for info in devices:
-        if info.device_class not in DEVICE_PROFILES:
-            known = ", ".join(sorted(DEVICE_PROFILES))
-            raise InvalidInput(
-                f"devices: unknown device class {info.device_class!r}; known: {known}"
-            )
+        try:
+            get_profile(info.device_class)
+        except UnknownDeviceClass as error:
+            raise InvalidInput(f"devices: {error}") from None
     now = datetime.now(UTC)
     existing = {
         device.udid: device

@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse
 
+from decodebench.contracts.api import ArtifactStored
 from server.artifacts.store import ArtifactStore
 from server.auth import AnyToken, WorkerToken
 from server.config import get_settings
@@ -19,15 +20,24 @@ def get_store() -> ArtifactStore:
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 
 
-@router.get("/{sha256}", response_class=FileResponse)
+@router.get(
+    "/{sha256}",
+    response_class=FileResponse,
+    responses={
+        200: {
+            "description": "The zipped artifact",
+            "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
 def download_artifact(sha256: str, token: AnyToken, store: StoreDep) -> FileResponse:
     return FileResponse(store.open_path(sha256), media_type="application/zip")
 
 
-@router.put("/{sha256}", status_code=201)
+@router.put("/{sha256}", status_code=201, response_model=ArtifactStored)
 async def upload_artifact(
     sha256: str, request: Request, token: WorkerToken, store: StoreDep
-) -> dict[str, str]:
+) -> ArtifactStored:
     if not store.exists(sha256):
         await store.put_stream(sha256, request.stream())
-    return {"sha256": sha256}
+    return ArtifactStored(sha256=sha256)

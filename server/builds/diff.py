@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from decodebench.analysis import GraphAnalysis
+from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.diff import GraphDiff, diff_analyses
 from server.builds.service import get_build
-from server.builds.views import build_label
+from server.builds.views import build_label, report_of
 from server.errors import Conflict
 from server.models import Build
 from server.profiles.service import current_profiles
 
 
 def stored_analysis(build: Build) -> GraphAnalysis:
-    if not build.report or "analysis" not in build.report:
+    report = report_of(build)
+    if report is None:
         raise Conflict(f"build {build.id} has no analysis yet (it is {build.state})")
-    try:
-        return GraphAnalysis.model_validate(build.report["analysis"])
-    except ValidationError as error:
-        missing = ", ".join(
-            sorted({".".join(str(part) for part in item["loc"]) for item in error.errors()})
-        )
-        raise Conflict(
-            f"build {build.id}'s analysis lacks what a diff needs ({missing}); rebuild it"
-        ) from None
+    return report.analysis
 
 
 def diff_builds(session: Session, a_id: int, b_id: int) -> GraphDiff:

@@ -1,23 +1,23 @@
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from decodebench.domain import VariantSpec
-from decodebench.protocol import (
+from decodebench.contracts.api import BuildDetail, BuildStateView, Reenqueued
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.protocol import (
     BuildAssignment,
     BuildFailure,
     BuildOutcome,
     BuildProgress,
     BuildStart,
 )
+from decodebench.diff import GraphDiff
 from server.artifacts.endpoints import get_store
 from server.auth import SessionDep, UserToken, WorkerToken
 from server.builds import service
 from server.builds.diff import diff_builds
-from server.builds.views import build_view
+from server.builds.views import build_detail
 from server.errors import InvalidInput
 from server.tasks import enqueue_build
 
@@ -28,16 +28,16 @@ class WorkerIdentity(BaseModel):
     worker: str = Field(min_length=1, max_length=255)
 
 
-@router.get("/{build_id}")
-def get_build(build_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
-    return build_view(service.get_build(session, build_id), detail=True)
+@router.get("/{build_id}", response_model=BuildDetail)
+def get_build(build_id: int, token: UserToken, session: SessionDep) -> BuildDetail:
+    return build_detail(service.get_build(session, build_id))
 
 
-@router.get("/{build_id}/diff/{other_id}")
-def diff(build_id: int, other_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
+@router.get("/{build_id}/diff/{other_id}", response_model=GraphDiff)
+def diff(build_id: int, other_id: int, token: UserToken, session: SessionDep) -> GraphDiff:
     """What changes from build ``build_id`` (A) to ``other_id`` (B): ops, bytes moved per token
     by category, redundant copies only one of them makes, and the predicted speed-up of B."""
-    return diff_builds(session, build_id, other_id).model_dump(mode="json")
+    return diff_builds(session, build_id, other_id)
 
 
 @router.get("/{build_id}/assignment", response_model=BuildAssignment)
@@ -66,26 +66,26 @@ def progress(build_id: int, body: BuildProgress, token: WorkerToken, session: Se
     service.record_progress(session, build_id, body.stage, body.fraction)
 
 
-@router.post("/{build_id}/complete")
+@router.post("/{build_id}/complete", response_model=BuildStateView)
 def complete(
     build_id: int, body: BuildOutcome, token: WorkerToken, session: SessionDep
-) -> dict[str, str]:
+) -> BuildStateView:
     if not get_store().exists(body.artifact_sha256):
         raise InvalidInput(f"artifact {body.artifact_sha256} has not been uploaded")
-    return {"state": service.complete_build(session, build_id, body).state}
+    return BuildStateView(state=service.complete_build(session, build_id, body).state)
 
 
-@router.post("/{build_id}/fail")
+@router.post("/{build_id}/fail", response_model=BuildStateView)
 def fail(
     build_id: int, body: BuildFailure, token: WorkerToken, session: SessionDep
-) -> dict[str, str]:
-    return {"state": service.fail_build(session, build_id, body.reason).state}
+) -> BuildStateView:
+    return BuildStateView(state=service.fail_build(session, build_id, body.reason).state)
 
 
-@router.post("/reconcile")
-def reconcile(token: WorkerToken, session: SessionDep) -> dict[str, list[int]]:
+@router.post("/reconcile", response_model=Reenqueued)
+def reconcile(token: WorkerToken, session: SessionDep) -> Reenqueued:
     """Re-send builds the database says are pending but no worker has reported on lately."""
     build_ids = service.builds_to_reenqueue(session, older_than_seconds=120)
     for build_id in build_ids:
         enqueue_build(session, build_id)
-    return {"reenqueued": build_ids}
+    return Reenqueued(reenqueued=build_ids)

@@ -8,8 +8,8 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from decodebench.domain import VariantSpec, build_key
-from decodebench.protocol import BuildOutcome
+from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.protocol import BuildOutcome
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
 from server.runs.service import refresh_sweeps_of_build
@@ -101,12 +101,10 @@ def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Bu
         return build
     if build.state != BuildState.building:
         raise Conflict(f"build {build_id} is {build.state}, not building")
-    if outcome.report.get("key") not in (None, build.key):
-        raise InvalidInput(f"report key {outcome.report.get('key')} is not build {build.key}")
-    if "analysis" not in outcome.report:
-        raise InvalidInput("report has no analysis")
+    if outcome.report.key != build.key:
+        raise InvalidInput(f"report key {outcome.report.key} is not build {build.key}")
     build.artifact_sha256 = outcome.artifact_sha256
-    build.report = outcome.report
+    build.report = outcome.report.model_dump(mode="json")
     build.stage = "done"
     build.progress = 1.0
     build.finished_at = datetime.now(UTC)

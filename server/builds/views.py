@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy.orm import object_session
 
-from decodebench.analysis import predictions_from_report
-from decodebench.domain import VariantSpec
+from decodebench.contracts.api import AnalysisSummary, BuildDetail, BuildView
+from decodebench.contracts.build import BuildReport
+from decodebench.contracts.domain import VariantSpec
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 from server.models import Build
 from server.profiles.service import current_profiles
 
 MIB = 1024 * 1024
+
+
+def report_of(build: Build) -> BuildReport | None:
+    """The build's build.json through its model (validated when the worker completed it)."""
+    return BuildReport.model_validate(build.report) if build.report else None
 
 
 def _profiles_for(build: Build) -> Mapping[str, DeviceProfile]:
@@ -25,54 +28,52 @@ def _profiles_for(build: Build) -> Mapping[str, DeviceProfile]:
 
 def analysis_summary(
     build: Build, profiles: Mapping[str, DeviceProfile] | None = None
-) -> dict[str, Any] | None:
+) -> AnalysisSummary | None:
     """The headline figures of a build's analysis; predictions use the current profiles."""
-    if not build.report or "analysis" not in build.report:
+    report = report_of(build)
+    if report is None:
         return None
-    analysis = build.report["analysis"]
+    analysis = report.analysis
     chosen = _profiles_for(build) if profiles is None else profiles
-    return {
-        "ops_total": analysis["ops_total"],
-        "dispatch_ops": analysis.get("dispatch_ops", analysis.get("non_const_ops")),
-        "tile_ops": analysis["tile_ops"],
-        "tile_output_bytes": analysis["tile_output_bytes"],
-        "tile_output_mib": analysis["tile_output_bytes"] / MIB,
-        "redundant_ops": len(analysis.get("redundant_ops", analysis.get("tiles", []))),
-        "redundant_output_bytes": analysis.get(
-            "redundant_output_bytes", analysis["tile_output_bytes"]
-        ),
-        "state_write_ops": analysis["state_write_ops"],
-        "weight_bytes": analysis["weight_bytes"],
-        "bytes_per_token": analysis["bytes_per_token"],
-        "predicted_tok_s": predictions_from_report(analysis, chosen.values()),
-    }
+    return AnalysisSummary(
+        ops_total=analysis.ops_total,
+        dispatch_ops=analysis.dispatch_ops,
+        tile_ops=analysis.tile_ops,
+        tile_output_bytes=analysis.tile_output_bytes,
+        tile_output_mib=analysis.tile_output_bytes / MIB,
+        redundant_ops=len(analysis.redundant_ops),
+        redundant_output_bytes=analysis.redundant_output_bytes,
+        state_write_ops=analysis.state_write_ops,
+        weight_bytes=analysis.weight_bytes,
+        bytes_per_token=analysis.bytes_per_token,
+        predicted_tok_s=analysis.predicted_tok_s(chosen.values()),
+    )
 
 
 def build_label(build: Build) -> str:
-    try:
-        label = VariantSpec.model_validate(build.variant).label
-    except ValidationError:  # a variant stored by another version of the domain types
-        label = json.dumps(build.variant, sort_keys=True)
-    return f"build {build.id}: {build.model} {label}"
+    return f"build {build.id}: {build.model} {VariantSpec.model_validate(build.variant).label}"
 
 
 def build_view(
-    build: Build, *, detail: bool = False, profiles: Mapping[str, DeviceProfile] | None = None
-) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "id": build.id,
-        "key": build.key,
-        "model": build.model,
-        "variant": build.variant,
-        "toolchain": build.toolchain,
-        "state": build.state,
-        "stage": build.stage,
-        "progress": build.progress,
-        "attempts": build.attempts,
-        "error": build.error,
-        "artifact_sha256": build.artifact_sha256,
-        "analysis": analysis_summary(build, profiles),
-    }
-    if detail:
-        view["report"] = build.report
-    return view
+    build: Build, *, label: str | None = None, profiles: Mapping[str, DeviceProfile] | None = None
+) -> BuildView:
+    variant = VariantSpec.model_validate(build.variant)
+    return BuildView(
+        id=build.id,
+        key=build.key,
+        model=build.model,
+        variant=variant,
+        label=label or variant.label,
+        toolchain=build.toolchain,
+        state=build.state,
+        stage=build.stage,
+        progress=build.progress,
+        attempts=build.attempts,
+        error=build.error,
+        artifact_sha256=build.artifact_sha256,
+        analysis=analysis_summary(build, profiles),
+    )
+
+
+def build_detail(build: Build) -> BuildDetail:
+    return BuildDetail(**build_view(build).model_dump(), report=report_of(build))

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from decodebench.contracts.api import CalibrationView, ProfileDetail, ProfileView
 from server.auth import SessionDep, UserToken
 from server.profiles import service
 from server.profiles.views import calibration_view, current_profile_views, profile_view
@@ -20,29 +19,30 @@ class CalibrationRequest(BaseModel):
     )
 
 
-@router.get("")
-def list_profiles(token: UserToken, session: SessionDep) -> list[dict[str, Any]]:
+@router.get("", response_model=list[ProfileView])
+def list_profiles(token: UserToken, session: SessionDep) -> list[ProfileView]:
     """Every device class's current profile: priors, fitted values and how they were fitted."""
     return current_profile_views(session)
 
 
-@router.get("/{device_class}")
-def get_profile(device_class: str, token: UserToken, session: SessionDep) -> dict[str, Any]:
+@router.get("/{device_class}", response_model=ProfileDetail)
+def get_profile(device_class: str, token: UserToken, session: SessionDep) -> ProfileDetail:
     prior = service.default_profile(device_class)
     calibration = service.current_calibrations(session).get(device_class)
-    return {
-        **profile_view(service.current_profiles(session)[device_class], prior, calibration),
-        "history": [
+    current = profile_view(service.current_profiles(session)[device_class], prior, calibration)
+    return ProfileDetail(
+        **current.model_dump(),
+        history=[
             calibration_view(row, points=True)
             for row in service.calibration_history(session, device_class)
         ],
-    }
+    )
 
 
-@router.post("/{device_class}/calibrations", status_code=201)
+@router.post("/{device_class}/calibrations", status_code=201, response_model=CalibrationView)
 def calibrate(
     device_class: str, body: CalibrationRequest, token: UserToken, session: SessionDep
-) -> dict[str, Any]:
+) -> CalibrationView:
     """Fit the device class's profile to its succeeded runs and make it current."""
     calibration = service.calibrate(
         session, device_class, token.name, include_simulated=body.include_simulated

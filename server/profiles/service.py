@@ -12,8 +12,6 @@ device class has no calibration from measured runs.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -24,24 +22,16 @@ from decodebench.calibration import (
     calibrated_profile,
     fit_profile,
 )
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
-from server.errors import Conflict, NotFound
+from decodebench.contracts.build import BuildReport
+from decodebench.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
+from server.errors import Conflict
 from server.models import Build, ProfileCalibration, PromptResultRow, Run, RunState
 
 CURRENT_PROFILES_KEY = "current_profiles"
 
 
 def default_profile(device_class: str) -> DeviceProfile:
-    try:
-        return DEVICE_PROFILES[device_class]
-    except KeyError:
-        known = ", ".join(sorted(DEVICE_PROFILES))
-        raise NotFound(f"unknown device class {device_class!r}; known: {known}") from None
-
-
-def _dispatch_ops(analysis: dict[str, Any]) -> int:
-    # First-cut analyses have no dispatch count; their non-const ops are the closest measure.
-    return int(analysis.get("dispatch_ops", analysis.get("non_const_ops", 0)) or 0)
+    return get_profile(device_class)
 
 
 def observations(
@@ -71,23 +61,22 @@ def observations(
         statement = statement.having(~simulated)
     rows = session.execute(statement).all()
     build_ids = {row.build_id for row in rows}
-    reports = {
-        build.id: build.report
+    analyses = {
+        build.id: BuildReport.model_validate(build.report).analysis
         for build in session.scalars(select(Build).where(Build.id.in_(build_ids)))
+        if build.report
     }
     found = []
     for row in rows:
-        report = reports.get(row.build_id) or {}
-        analysis = report.get("analysis") or {}
-        moved = int((analysis.get("bytes_per_token") or {}).get("total", 0))
-        if moved <= 0 or not row.seconds_per_token:
+        analysis = analyses.get(row.build_id)
+        if analysis is None or analysis.bytes_per_token.total <= 0 or not row.seconds_per_token:
             continue
         found.append(
             Observation(
                 build=str(row.build_id),
                 run_id=row.id,
-                bytes_per_token=moved,
-                dispatch_ops=_dispatch_ops(analysis),
+                bytes_per_token=analysis.bytes_per_token.total,
+                dispatch_ops=analysis.dispatch_ops,
                 measured_tok_s=1.0 / float(row.seconds_per_token),
                 simulated=bool(row.simulated),
             )

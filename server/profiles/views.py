@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.api import (
+    CalibrationView,
+    FittedPointView,
+    ProfileParameter,
+    ProfileView,
+)
 from decodebench.profiles import BANDWIDTH, DEVICE_PROFILES, OVERHEAD, DeviceProfile
 from server.models import ProfileCalibration
 from server.profiles import service
@@ -16,53 +20,53 @@ PARAMETER_LABELS = {
 }
 
 
-def calibration_view(calibration: ProfileCalibration, *, points: bool = False) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "id": calibration.id,
-        "device_class": calibration.device_class,
-        "effective_bandwidth_mb_s": calibration.effective_bandwidth_mb_s,
-        "dispatch_overhead_us": calibration.dispatch_overhead_us,
-        "calibrated_parameters": calibration.calibrated_parameters,
-        "runs": calibration.runs,
-        "builds": calibration.builds,
-        "includes_simulated": calibration.includes_simulated,
-        "rms_relative_error": calibration.rms_relative_error,
-        "note": calibration.note,
-        "requested_by": calibration.requested_by,
-        "created_at": calibration.created_at.isoformat() if calibration.created_at else None,
-    }
-    if points:
-        view["points"] = calibration.points
-    return view
+def calibration_view(calibration: ProfileCalibration, *, points: bool = False) -> CalibrationView:
+    return CalibrationView(
+        id=calibration.id,
+        device_class=calibration.device_class,
+        effective_bandwidth_mb_s=calibration.effective_bandwidth_mb_s,
+        dispatch_overhead_us=calibration.dispatch_overhead_us,
+        calibrated_parameters=calibration.calibrated_parameters,
+        runs=calibration.runs,
+        builds=calibration.builds,
+        includes_simulated=calibration.includes_simulated,
+        rms_relative_error=calibration.rms_relative_error,
+        note=calibration.note,
+        requested_by=calibration.requested_by,
+        created_at=calibration.created_at,
+        points=[FittedPointView.model_validate(point) for point in calibration.points]
+        if points
+        else None,
+    )
 
 
 def profile_view(
     profile: DeviceProfile, prior: DeviceProfile, calibration: ProfileCalibration | None
-) -> dict[str, Any]:
-    return {
-        "device_class": profile.device_class,
-        "display_name": profile.display_name,
-        "product_types": list(profile.product_types),
-        "source": profile.source,
-        "calibrated": profile.calibrated,
-        "calibration_runs": profile.calibration_runs,
-        "calibration_builds": profile.calibration_builds,
-        "parameters": [
-            {
-                "name": name,
-                "label": PARAMETER_LABELS[name][0],
-                "unit": PARAMETER_LABELS[name][1],
-                "value": getattr(profile, name),
-                "prior": getattr(prior, name),
-                "calibrated": name in profile.calibrated_parameters,
-            }
+) -> ProfileView:
+    return ProfileView(
+        device_class=profile.device_class,
+        display_name=profile.display_name,
+        product_types=list(profile.product_types),
+        source=profile.source,
+        calibrated=profile.calibrated,
+        calibration_runs=profile.calibration_runs,
+        calibration_builds=profile.calibration_builds,
+        parameters=[
+            ProfileParameter(
+                name=name,
+                label=PARAMETER_LABELS[name][0],
+                unit=PARAMETER_LABELS[name][1],
+                value=getattr(profile, name),
+                prior=getattr(prior, name),
+                calibrated=name in profile.calibrated_parameters,
+            )
             for name in (BANDWIDTH, OVERHEAD)
         ],
-        "calibration": calibration_view(calibration) if calibration else None,
-    }
+        calibration=calibration_view(calibration) if calibration else None,
+    )
 
 
-def current_profile_views(session: Session) -> list[dict[str, Any]]:
+def current_profile_views(session: Session) -> list[ProfileView]:
     current = service.current_profiles(session)
     calibrations = service.current_calibrations(session)
     return [

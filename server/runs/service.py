@@ -8,7 +8,8 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from decodebench.protocol import RunResult
+from decodebench.contracts.api import RateSummary, RunSummary
+from decodebench.contracts.protocol import RunResult
 from decodebench.stats import summarize
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import (
@@ -201,16 +202,17 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
 
 def _run_summary(result: RunResult, rows: list[PromptResultRow]) -> dict[str, object]:
     decode = summarize([row.decode_tok_s for row in rows])
-    return {
-        "prompts": len(rows),
-        "decode_tok_s": decode.model_dump(),
-        "ttft_ms_mean": sum(row.ttft_ms for row in rows) / len(rows),
-        "load_time_cold_ms": result.load_time_cold_ms,
-        "load_time_warm_ms": result.load_time_warm_ms,
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "thermal_state_start": result.thermal_state_start.value,
-        "thermal_state_end": result.thermal_state_end.value,
-        "product_type": result.product_type,
-        "os_version": result.os_version,
-        "timing_model": result.timing_model,
-    }
+    summary = RunSummary(
+        prompts=len(rows),
+        decode_tok_s=RateSummary(**decode.model_dump()),
+        ttft_ms_mean=sum(row.ttft_ms for row in rows) / len(rows),
+        load_time_cold_ms=result.load_time_cold_ms,
+        load_time_warm_ms=result.load_time_warm_ms,
+        peak_memory_bytes=result.peak_memory_bytes,
+        thermal_state_start=result.thermal_state_start,
+        thermal_state_end=result.thermal_state_end,
+        product_type=result.product_type,
+        os_version=result.os_version,
+        timing_model=result.timing_model,
+    )
+    return summary.model_dump(mode="json")

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.api import ComparisonRow
 from decodebench.stats import summarize
 from server.builds.views import analysis_summary
 from server.models import PromptResultRow, Run, RunState, Sweep
 from server.profiles.service import current_profiles
 
 
-def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str, Any]]:
+def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[ComparisonRow]:
     """One row per (variant, device class), in the sweep's variant order."""
     rates: dict[tuple[int, str], list[float]] = defaultdict(list)
     simulated: dict[tuple[int, str], set[bool]] = defaultdict(set)
@@ -36,7 +36,7 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str
         runs_by_cell[(run.sweep_variant_id, run.device_class)].append(run)
 
     profiles = current_profiles(session)
-    table: list[dict[str, Any]] = []
+    table: list[ComparisonRow] = []
     for device_class in sweep.spec["devices"]:
         profile = profiles[device_class]
         baseline: float | None = None
@@ -49,30 +49,30 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[dict[str
                 baseline = summary.mean if summary else None
             cell_runs = runs_by_cell.get(cell, [])
             table.append(
-                {
-                    "variant": sweep_variant.label,
-                    "build_id": sweep_variant.build_id,
-                    "build_state": sweep_variant.build.state,
-                    "device_class": device_class,
-                    "device_name": profile.display_name,
-                    "runs_total": len(cell_runs),
-                    "runs_succeeded": sum(run.state == RunState.succeeded for run in cell_runs),
-                    "runs_failed": sum(run.state == RunState.failed for run in cell_runs),
-                    "prompts_measured": len(samples),
-                    "decode_tok_s_mean": summary.mean if summary else None,
-                    "decode_tok_s_ci95": summary.ci95_half_width if summary else None,
-                    "speedup_vs_first": (
+                ComparisonRow(
+                    variant=sweep_variant.label,
+                    build_id=sweep_variant.build_id,
+                    build_state=sweep_variant.build.state,
+                    device_class=device_class,
+                    device_name=profile.display_name,
+                    runs_total=len(cell_runs),
+                    runs_succeeded=sum(run.state == RunState.succeeded for run in cell_runs),
+                    runs_failed=sum(run.state == RunState.failed for run in cell_runs),
+                    prompts_measured=len(samples),
+                    decode_tok_s_mean=summary.mean if summary else None,
+                    decode_tok_s_ci95=summary.ci95_half_width if summary else None,
+                    speedup_vs_first=(
                         summary.mean / baseline if summary is not None and baseline else None
                     ),
-                    "predicted_tok_s": (
-                        analysis["predicted_tok_s"].get(device_class) if analysis else None
+                    predicted_tok_s=(
+                        analysis.predicted_tok_s.get(device_class) if analysis else None
                     ),
-                    "prediction_calibrated": profile.calibrated,
-                    "prediction_source": profile.source,
-                    "tile_ops": analysis["tile_ops"] if analysis else None,
-                    "tile_mib": analysis["tile_output_mib"] if analysis else None,
-                    "bytes_per_token": analysis["bytes_per_token"]["total"] if analysis else None,
-                    "simulated": (True in simulated[cell]) if cell in simulated else None,
-                }
+                    prediction_calibrated=profile.calibrated,
+                    prediction_source=profile.source,
+                    tile_ops=analysis.tile_ops if analysis else None,
+                    tile_mib=analysis.tile_output_mib if analysis else None,
+                    bytes_per_token=analysis.bytes_per_token.total if analysis else None,
+                    simulated=(True in simulated[cell]) if cell in simulated else None,
+                )
             )
     return table

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
-from decodebench.domain import SweepSpec
+from decodebench.contracts.api import SweepDetail, SweepOverview
+from decodebench.contracts.domain import SweepSpec
 from server.auth import SessionDep, UserToken
 from server.config import get_settings
 from server.sweeps import service
@@ -13,17 +12,17 @@ from server.sweeps.views import sweep_detail, sweep_overview
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"])
 
 
-@router.post("", status_code=201)
-def submit_sweep(spec: SweepSpec, token: UserToken, session: SessionDep) -> dict[str, Any]:
+@router.post("", status_code=201, response_model=SweepDetail)
+def submit_sweep(spec: SweepSpec, token: UserToken, session: SessionDep) -> SweepDetail:
     sweep = service.submit_sweep(session, spec, token.name, get_settings().toolchain)
     return sweep_detail(session, service.get_sweep(session, sweep.id))
 
 
-@router.get("")
-def list_sweeps(token: UserToken, session: SessionDep) -> list[dict[str, Any]]:
+@router.get("", response_model=list[SweepOverview])
+def list_sweeps(token: UserToken, session: SessionDep) -> list[SweepOverview]:
     return [sweep_overview(sweep) for sweep in service.list_sweeps(session)]
 
 
-@router.get("/{sweep_id}")
-def get_sweep(sweep_id: int, token: UserToken, session: SessionDep) -> dict[str, Any]:
+@router.get("/{sweep_id}", response_model=SweepDetail)
+def get_sweep(sweep_id: int, token: UserToken, session: SessionDep) -> SweepDetail:
     return sweep_detail(session, service.get_sweep(session, sweep_id))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from decodebench.domain import SweepSpec
+from decodebench.contracts.domain import SweepSpec
 from server.builds.service import get_or_create_build
 from server.errors import NotFound
 from server.models import BuildState, Run, RunState, Sweep, SweepState, SweepVariant

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
-from decodebench.domain import SweepSpec
+from decodebench.contracts.domain import SweepSpec
 
 MAX_FORM_VARIANTS = 4
 

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from decodebench.domain import Attention, KVCache, SweepSpec
+from decodebench.contracts.domain import Attention, KVCache, SweepSpec
 from decodebench.presets import PRESETS
 from decodebench.profiles import DEVICE_PROFILES
 from server.agents.service import list_devices

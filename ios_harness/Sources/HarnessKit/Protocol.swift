@@ -1,5 +1,5 @@
 // The JSON the harness reads and writes. Field names are the Python schema's
-// (decodebench/harness.py, decodebench/protocol.py); tests/test_harness_swift_schema.py
+// (decodebench/harness.py, decodebench/contracts/protocol.py); tests/test_harness_swift_schema.py
 // checks every CodingKeys raw value below against the pydantic JSON schema.
 import Foundation
 
@@ -64,7 +64,7 @@ public struct HarnessPrompt: Codable, Sendable {
     }
 }
 
-/// One prompt of the sweep (decodebench.protocol.PromptResult).
+/// One prompt of the sweep (decodebench.contracts.protocol.PromptResult).
 public struct PromptResult: Codable, Sendable {
     public var promptIndex: Int
     public var promptTokens: Int
@@ -87,7 +87,7 @@ public struct PromptResult: Codable, Sendable {
     }
 }
 
-/// Documents/results.json (decodebench.protocol.RunResult).
+/// Documents/results.json (decodebench.contracts.protocol.RunResult).
 public struct RunResult: Codable, Sendable {
     public var protocolVersion: Int = 1
     public var deviceUdid: String

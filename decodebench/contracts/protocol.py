@@ -7,11 +7,11 @@ and the iOS harness writes `results.json` in the `RunResult` shape.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from decodebench.domain import VariantSpec
+from decodebench.contracts.build import BuildReport
+from decodebench.contracts.domain import VariantSpec
 
 PROTOCOL_VERSION = 1
 
@@ -190,7 +190,7 @@ class BuildOutcome(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     artifact_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    report: dict[str, Any] = Field(description="build.json as written by the builder")
+    report: BuildReport = Field(description="build.json as written by the builder")
 
 
 class BuildFailure(BaseModel):

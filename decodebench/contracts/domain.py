@@ -10,7 +10,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from decodebench.presets import PRESETS
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.profiles import get_profile
 from decodebench.quant.recipe import RecipeError, parse_recipe
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -144,9 +144,7 @@ class SweepSpec(BaseModel):
     @classmethod
     def _known_devices(cls, value: list[str]) -> list[str]:
         for device_class in value:
-            if device_class not in DEVICE_PROFILES:
-                known = ", ".join(sorted(DEVICE_PROFILES))
-                raise ValueError(f"unknown device class {device_class!r}; known: {known}")
+            get_profile(device_class)
         if len(set(value)) != len(value):
             raise ValueError("device classes must be distinct")
         return value

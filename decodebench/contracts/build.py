@@ -1,0 +1,75 @@
+"""A build's report (``build.json``): what was built, how, and what its graph costs.
+
+Validated once, when a worker completes a build; everything else reads it through
+:class:`BuildReport`. Defaults keep reports written by earlier versions readable.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from decodebench.contracts.analysis import GraphAnalysis
+from decodebench.contracts.domain import VariantSpec
+from decodebench.presets import ModelConfig
+
+METHOD = "kl_next_token_vs_fp16"
+
+
+class LayerSensitivity(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    layer: int
+    kl: float = Field(description="Mean KL(fp16 || only this layer quantized), nats per token")
+
+
+class SensitivityReport(BaseModel):
+    """What build.json stores: the ranking and how it was measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str = METHOD
+    schemes: dict[str, str] = Field(description="The scheme each layer's weights were tried at")
+    calibration: str
+    tokens: int
+    ranking: list[LayerSensitivity] = Field(description="Most sensitive first")
+    promoted: list[int]
+    seconds: float = 0.0
+    # Added with the ranking cache; defaults keep older build.json files readable.
+    arithmetic: str = "fp32"
+    measured_by: str | None = Field(
+        default=None, description="Build key whose run measured this ranking when it was reused"
+    )
+
+
+class QuantSummary(BaseModel):
+    """What quantization did, and why: each weight's scheme, promoted layers, their ranking."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str
+    schemes: dict[str, str] = Field(description="Target -> scheme before promotion")
+    promoted_layers: list[int]
+    constexpr_ops: dict[str, int] = Field(description="Compressed op type -> count")
+    weights: dict[str, str] = Field(description="Parameter name -> scheme it was stored with")
+    sensitivity: SensitivityReport | None = None
+
+
+class BuildReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    model: str
+    variant: VariantSpec
+    config: ModelConfig
+    toolchain: dict[str, str]
+    stage_seconds: dict[str, float]
+    peak_rss_bytes: int
+    package: str
+    analysis: GraphAnalysis
+    # Added with builds-as-a-service; defaults keep older build.json files readable.
+    model_identity: str = ""
+    weights_path: str | None = None
+    functions: list[str] = Field(default_factory=lambda: ["main"])
+    quant: QuantSummary | None = None
+    wall_seconds: float = 0.0
+    cache_hit: bool = False

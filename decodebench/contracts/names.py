@@ -1,0 +1,56 @@
+"""The names every role agrees on: life-cycle states, drivers, device statuses, artifact files.
+
+Each is spelled once, here; the database stores their values, the wire carries them, the
+pages show them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class SweepState(StrEnum):
+    building = "building"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+
+
+class BuildState(StrEnum):
+    queued = "queued"
+    building = "building"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class RunState(StrEnum):
+    waiting_build = "waiting_build"
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+TERMINAL_RUN_STATES = (RunState.succeeded, RunState.failed)
+
+
+class Driver(StrEnum):
+    """How an agent reaches a device, and so how far its timings can be trusted."""
+
+    simulated = "simulated"  # no device: timings from the roofline model
+    emulated = "emulated"  # the emulated iPhone over pymobiledevice3's wire protocols
+    pymobiledevice3 = "pymobiledevice3"  # a real iPhone over USB
+    host = "host"  # the agent host's own CPU, measured for real
+
+    @property
+    def fake_device(self) -> bool:
+        """Timings of such a device are not measured on hardware."""
+        return self in (Driver.simulated, Driver.emulated)
+
+
+# Files of a build and of a run, on disk, in the artifact store and on the phone.
+PACKAGE_NAME = "model.mlpackage"
+REPORT_NAME = "build.json"
+JOB_FILE = "job.json"
+RESULTS_FILE = "results.json"
+DONE_MARKER = "done"
