@@ -27,21 +27,22 @@ serve-demo: install  ## the demo, then keep the server and UI up until Ctrl-C
 services:  ## start PostgreSQL and Redis if they are not running; install Chromium if missing
 	bash scripts/services.sh
 
-test: install services  ## every test, against the real PostgreSQL, Redis and Chromium
+test: install services lint  ## lint, then every test, against the real PostgreSQL, Redis and Chromium
 	$(BIN)/python -m pytest -p no:cacheprovider
 
 test-fast: install services  ## the tests that convert no model and start no browser
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
-lint:  ## ruff check and format check
+lint: install  ## ruff check, ruff format check, and mypy over every package
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format:  ## ruff format and fix
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-typecheck:  ## mypy on the library and the agent
+typecheck: install  ## mypy over every package (decodebench, agent, server, worker)
 	$(BIN)/mypy
 
 bench:  ## full-size EXAONE benchmarks, one after another (tens of minutes, up to ~8 GB RAM each)

@@ -34,11 +34,11 @@ from decodebench.buildcache import (
     model_identity,
     request_key,
 )
-from decodebench.buildcache import toolchain_versions as _toolchain_versions
 from decodebench.contracts.build import BuildReport, QuantSummary
 from decodebench.contracts.domain import VariantSpec
 from decodebench.presets import ModelConfig, get_preset
 from decodebench.quant.recipe import TARGETS, parse_recipe
+from decodebench.toolchain import installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:
     from decodebench.convert import Converter
@@ -95,9 +95,10 @@ class StageClock:
 
 def toolchain_versions(converter: Converter | None = None) -> dict[str, str]:
     """What makes an artifact reproducible: our own version plus the converter's."""
+    installed = installed_toolchain()
     if converter is None:
-        return _toolchain_versions()
-    return {"decodebench": _toolchain_versions()["decodebench"], **converter.versions()}
+        return installed
+    return {"decodebench": installed["decodebench"], **toolchain_identity(converter.versions())}
 
 
 def peak_rss_bytes() -> int:

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +25,6 @@ from decodebench.contracts.domain import VariantSpec, build_key
 from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
 
 CACHE_ENV = "DECODEBENCH_BUILD_CACHE"
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def toolchain_versions() -> dict[str, str]:
-    """What makes an artifact reproducible: our own version plus the converter's (read from the
-    installed metadata, equal to ``torch.__version__`` / ``ct.__version__``, without importing)."""
-    return {
-        "decodebench": _version("decodebench"),
-        "torch": _version("torch"),
-        "coremltools": _version("coremltools"),
-    }
 
 
 def model_identity(model: str, weights_fingerprint: str | None = None) -> str:

@@ -37,9 +37,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         find_build,
         model_identity,
         request_key,
-        toolchain_versions,
     )
     from decodebench.presets import PRESETS
+    from decodebench.toolchain import installed_toolchain
 
     weights = Path(args.weights) if args.weights else None
     if weights is None and args.preset is None:
@@ -77,7 +77,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             fingerprint = weights_fingerprint(weights, memo)
         except WeightsError as error:
             raise CliError(f"--weights: {error}") from None
-    key = request_key(model_identity(model, fingerprint), variant, toolchain_versions())
+    key = request_key(model_identity(model, fingerprint), variant, installed_toolchain())
     hit = find_build(out_dir, key, cache)
     if hit is not None:
         print(f"cache hit {key[:12]}: {out_dir / 'model.mlpackage'} ({_summary(hit)})")

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from decodebench.contracts.api import ErrorResponse
 from decodebench.profiles import UnknownDeviceClass
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error statuses an operation may answer with, for its OpenAPI document."""
+    return {
+        status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]}
+        for status in statuses
+    }
+
+
+_DESCRIPTIONS = {
+    400: "The body is not valid JSON",
+    401: "No token, or an unknown or revoked one",
+    403: "A token of another kind",
+    404: "No such resource",
+    409: "The resource is not in a state that allows this",
+    413: "The request body is larger than the server accepts",
+    422: "The request does not validate; the detail names the field",
+}
+# What every authenticated operation may answer besides success.
+AUTHENTICATED_ERRORS = error_responses(400, 401, 403, 404, 409, 422)
 
 
 class DecodebenchError(Exception):

@@ -63,7 +63,7 @@ def wait_until(
 
 def sweep_state(client: DecodebenchClient, sweep_id: int) -> str:
     """What the sweep is doing, for a failure message (a failed build stops every run)."""
-    sweep = client.get_sweep(sweep_id)
+    sweep = client.get_sweep(sweep_id).model_dump(mode="json")
     builds = [(build["label"], build["state"], build.get("error")) for build in sweep["builds"]]
     runs = [
         (run["id"], run["state"], run["attempts"], run["failure_reason"]) for run in sweep["runs"]
@@ -79,8 +79,8 @@ def finish(
     while True:
         stack.check_alive()
         sweep = client.get_sweep(sweep_id)
-        if sweep["state"] in ("completed", "failed"):
-            return sweep
+        if sweep.state in ("completed", "failed"):
+            return sweep.model_dump(mode="json")
         assert time.monotonic() < deadline, (
             f"after {timeout_s:g} s: {sweep_state(client, sweep_id)}"
         )
@@ -147,11 +147,11 @@ def test_faults_are_retried_on_other_devices_and_gates_hold_unfit_ones(
                         == 2
                     ),
                     "both first attempts have failed",
-                    state=lambda: sweep_state(client, sweep["id"]),
+                    state=lambda: sweep_state(client, sweep.id),
                 )
                 fleet.usbmuxd.attach(hot.udid)
                 fleet.usbmuxd.attach(spare.udid)
-                finished = wait_for_sweep(client, sweep["id"], timeout_s=240)
+                finished = wait_for_sweep(client, sweep.id, timeout_s=240).model_dump(mode="json")
             wait_until(
                 lambda: (
                     device_status()[hot.udid][0].startswith("cooling: thermal serious")
@@ -212,7 +212,7 @@ def test_the_agent_process_serves_emulated_iphones_from_the_command_line(stack: 
                 "decode_tokens": 4,
             }
         )
-        finished = finish(stack, client, sweep["id"])
+        finished = finish(stack, client, sweep.id)
 
     assert finished["state"] == "completed", finished
     attempts = sorted(run["attempts"] for run in finished["runs"])

@@ -18,11 +18,11 @@ from decodebench.build import (
     PACKAGE_NAME,
     REPORT_NAME,
     STAGE_WEIGHTS,
-    BuildReport,
     build_variant,
     load_report,
     toolchain_versions,
 )
+from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import Attention, VariantSpec, build_key
 from decodebench.modeling import build_model, parameter_count
 from decodebench.presets import TINY_GQA

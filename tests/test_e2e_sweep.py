@@ -28,7 +28,7 @@ def test_sweep_completes_through_worker_and_agent(stack: Stack) -> None:
     stack.start_agent(SWEEP["devices"])
     with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
         submitted = client.submit_sweep(SWEEP)
-        sweep = wait_for_sweep(client, submitted["id"], timeout_s=600)
+        sweep = wait_for_sweep(client, submitted.id, timeout_s=600).model_dump(mode="json")
     stack.check_alive()
 
     assert sweep["state"] == "completed", sweep

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.slow
 CONTEXT = 64
 STEPS = 6
 
+# The programs compute in fp16 and the fold reorders its reductions: logits may differ by a
+# rounding step or two of the largest logit (fp16 keeps 11 significant bits), never more.
+FP16_TWO_ULPS = 2.0**-9
+
 
 def repeat_interleaved(
     self: GroupedQueryAttention,
@@ -90,7 +94,7 @@ def test_fold_of_the_repeat_kv_build_equals_the_native_fold(packages, fold_repor
     result = verify_packages(packages["repeat_kv"], packages["repeat_kv_folded"], STEPS)
     assert result.agree and result.first_divergent_step is None
     assert result.tokens_a == result.tokens_b and len(result.tokens_a) == STEPS
-    assert result.max_abs_diff <= 1e-3
+    assert result.max_rel_diff <= FP16_TWO_ULPS
     assert verify_packages(packages["folded"], packages["repeat_kv_folded"], STEPS).agree
 
 
@@ -107,7 +111,7 @@ def test_x_repeat_decoder_folds_with_the_interleaved_mapping(packages, fold_repo
     )
 
     same = verify_packages(packages["interleaved"], packages["interleaved_folded"], STEPS)
-    assert same.agree and same.max_abs_diff <= 1e-3
+    assert same.agree and same.max_rel_diff <= FP16_TWO_ULPS
     # Same weights, other head mapping: a different function, and verify must say so.
     different = verify_packages(packages["interleaved_folded"], packages["folded"], STEPS)
     assert not different.agree and different.first_divergent_step == 0

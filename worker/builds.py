@@ -9,30 +9,13 @@ from pathlib import Path
 
 from decodebench.artifacts import pack_directory
 from decodebench.client import DecodebenchClient
-from decodebench.contracts.names import REPORT_NAME
 from decodebench.contracts.protocol import BuildOutcome
+from decodebench.toolchain import ToolchainMismatch, check_toolchain
 from worker.config import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 1.0
-
-
-class ToolchainMismatch(Exception):
-    pass
-
-
-def _release(version: str) -> str:
-    return version.split("+", 1)[0]
-
-
-def check_toolchain(expected: dict[str, str], actual: dict[str, str]) -> None:
-    """A build is keyed by its toolchain; building it with another would mislabel the artifact."""
-    for package, version in expected.items():
-        if _release(actual.get(package, "absent")) != _release(version):
-            raise ToolchainMismatch(
-                f"build expects {package} {version}, this worker has {actual.get(package, 'none')}"
-            )
 
 
 def run_build(build_id: int, settings: WorkerSettings) -> str:
@@ -69,11 +52,10 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
                 report = build_variant(
                     assignment.model, assignment.variant, out_dir, progress=progress, cache=cache
                 )
-                report = report.model_copy(update={"key": assignment.key})
-                # A new file, not a rewrite: build.json may be a hard link into the cache.
-                rekeyed = out_dir / f"{REPORT_NAME}.server"
-                rekeyed.write_text(report.model_dump_json(indent=2))
-                rekeyed.replace(out_dir / REPORT_NAME)
+                if report.key != assignment.key:  # one key for one toolchain, on both sides
+                    raise ToolchainMismatch(
+                        f"this worker keys the build {report.key}, the server {assignment.key}"
+                    )
                 progress("upload", 1.0)
                 archive = pack_directory(out_dir, Path(tmp) / "artifact.zip")
                 sha256 = client.upload_artifact(archive)

@@ -235,3 +235,15 @@ class ProfileView(_Response):
 
 class ProfileDetail(ProfileView):
     history: list[CalibrationView]
+
+
+class FieldError(_Response):
+    loc: list[str | int] = Field(description="Where the error is: body, query or path, then keys")
+    msg: str
+    type: str
+
+
+class ErrorResponse(_Response):
+    """Every error: a sentence, or for a request that does not validate, one entry per field."""
+
+    detail: str | list[FieldError]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from decodebench.contracts.api import DeviceView, ResultsStored, RunStateView
+from decodebench.contracts.names import RunState
 from decodebench.contracts.protocol import (
     AgentRegistered,
     AgentRegistration,
@@ -16,10 +17,12 @@ from decodebench.contracts.protocol import (
 from server.agents import service
 from server.auth import AgentToken, SessionDep, UserToken
 from server.config import get_settings
+from server.errors import AUTHENTICATED_ERRORS
+from server.paths import RowId
 from server.runs import service as runs
 from server.runs.assignment import assignment_for
 
-router = APIRouter(prefix="/api/v1", tags=["agents"])
+router = APIRouter(prefix="/api/v1", tags=["agents"], responses=AUTHENTICATED_ERRORS)
 
 
 @router.post("/agents/register", response_model=AgentRegistered)
@@ -59,7 +62,7 @@ def claim(body: ClaimRequest, token: AgentToken, session: SessionDep) -> ClaimRe
 
 
 @router.post("/runs/{run_id}/lease", response_model=LeaseRenewal)
-def renew(run_id: int, token: AgentToken, session: SessionDep) -> LeaseRenewal:
+def renew(run_id: RowId, token: AgentToken, session: SessionDep) -> LeaseRenewal:
     agent = service.agent_for_token(session, token)
     run = runs.renew_lease(session, run_id, agent.id, get_settings().lease_seconds)
     assert run.lease_expires_at is not None
@@ -68,17 +71,19 @@ def renew(run_id: int, token: AgentToken, session: SessionDep) -> LeaseRenewal:
 
 @router.post("/runs/{run_id}/results", response_model=ResultsStored)
 def upload_results(
-    run_id: int, body: RunResult, token: AgentToken, session: SessionDep
+    run_id: RowId, body: RunResult, token: AgentToken, session: SessionDep
 ) -> ResultsStored:
     agent = service.agent_for_token(session, token)
     run = runs.record_results(session, run_id, agent.id, body)
     assert run.summary is not None
-    return ResultsStored(run_id=run.id, state=run.state, prompts_stored=run.summary["prompts"])
+    return ResultsStored(
+        run_id=run.id, state=RunState(run.state), prompts_stored=run.summary["prompts"]
+    )
 
 
 @router.post("/runs/{run_id}/fail", response_model=RunStateView)
-def fail(run_id: int, body: RunFailure, token: AgentToken, session: SessionDep) -> RunStateView:
+def fail(run_id: RowId, body: RunFailure, token: AgentToken, session: SessionDep) -> RunStateView:
     agent = service.agent_for_token(session, token)
     max_attempts = get_settings().max_run_attempts
     run = runs.fail_run(session, run_id, agent.id, body.reason, body.retryable, max_attempts)
-    return RunStateView(state=run.state)
+    return RunStateView(state=RunState(run.state))

@@ -9,8 +9,10 @@ from decodebench.contracts.api import ArtifactStored
 from server.artifacts.store import ArtifactStore
 from server.auth import AnyToken, WorkerToken
 from server.config import get_settings
+from server.errors import AUTHENTICATED_ERRORS
+from server.paths import Sha256
 
-router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"])
+router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"], responses=AUTHENTICATED_ERRORS)
 
 
 def get_store() -> ArtifactStore:
@@ -30,13 +32,13 @@ StoreDep = Annotated[ArtifactStore, Depends(get_store)]
         }
     },
 )
-def download_artifact(sha256: str, token: AnyToken, store: StoreDep) -> FileResponse:
+def download_artifact(sha256: Sha256, token: AnyToken, store: StoreDep) -> FileResponse:
     return FileResponse(store.open_path(sha256), media_type="application/zip")
 
 
 @router.put("/{sha256}", status_code=201, response_model=ArtifactStored)
 async def upload_artifact(
-    sha256: str, request: Request, token: WorkerToken, store: StoreDep
+    sha256: Sha256, request: Request, token: WorkerToken, store: StoreDep
 ) -> ArtifactStored:
     if not store.exists(sha256):
         await store.put_stream(sha256, request.stream())

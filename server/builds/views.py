@@ -9,6 +9,7 @@ from sqlalchemy.orm import object_session
 from decodebench.contracts.api import AnalysisSummary, BuildDetail, BuildView
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.names import BuildState
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 from server.models import Build
 from server.profiles.service import current_profiles
@@ -65,7 +66,7 @@ def build_view(
         variant=variant,
         label=label or variant.label,
         toolchain=build.toolchain,
-        state=build.state,
+        state=BuildState(build.state),
         stage=build.stage,
         progress=build.progress,
         attempts=build.attempts,

@@ -5,10 +5,12 @@ from pydantic import BaseModel, Field
 
 from decodebench.contracts.api import CalibrationView, ProfileDetail, ProfileView
 from server.auth import SessionDep, UserToken
+from server.errors import AUTHENTICATED_ERRORS
+from server.paths import DeviceClass
 from server.profiles import service
 from server.profiles.views import calibration_view, current_profile_views, profile_view
 
-router = APIRouter(prefix="/api/v1/profiles", tags=["profiles"])
+router = APIRouter(prefix="/api/v1/profiles", tags=["profiles"], responses=AUTHENTICATED_ERRORS)
 
 
 class CalibrationRequest(BaseModel):
@@ -26,7 +28,7 @@ def list_profiles(token: UserToken, session: SessionDep) -> list[ProfileView]:
 
 
 @router.get("/{device_class}", response_model=ProfileDetail)
-def get_profile(device_class: str, token: UserToken, session: SessionDep) -> ProfileDetail:
+def get_profile(device_class: DeviceClass, token: UserToken, session: SessionDep) -> ProfileDetail:
     prior = service.default_profile(device_class)
     calibration = service.current_calibrations(session).get(device_class)
     current = profile_view(service.current_profiles(session)[device_class], prior, calibration)
@@ -41,7 +43,7 @@ def get_profile(device_class: str, token: UserToken, session: SessionDep) -> Pro
 
 @router.post("/{device_class}/calibrations", status_code=201, response_model=CalibrationView)
 def calibrate(
-    device_class: str, body: CalibrationRequest, token: UserToken, session: SessionDep
+    device_class: DeviceClass, body: CalibrationRequest, token: UserToken, session: SessionDep
 ) -> CalibrationView:
     """Fit the device class's profile to its succeeded runs and make it current."""
     calibration = service.calibrate(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
@@ -200,7 +201,7 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
     return run
 
 
-def _run_summary(result: RunResult, rows: list[PromptResultRow]) -> dict[str, object]:
+def _run_summary(result: RunResult, rows: Sequence[PromptResultRow]) -> dict[str, object]:
     decode = summarize([row.decode_tok_s for row in rows])
     summary = RunSummary(
         prompts=len(rows),

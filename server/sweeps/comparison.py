@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.api import ComparisonRow
 from decodebench.stats import summarize
 from server.builds.views import analysis_summary
-from server.models import PromptResultRow, Run, RunState, Sweep
+from server.models import BuildState, PromptResultRow, Run, RunState, Sweep
 from server.profiles.service import current_profiles
 
 
@@ -52,7 +52,7 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[Comparis
                 ComparisonRow(
                     variant=sweep_variant.label,
                     build_id=sweep_variant.build_id,
-                    build_state=sweep_variant.build.state,
+                    build_state=BuildState(sweep_variant.build.state),
                     device_class=device_class,
                     device_name=profile.display_name,
                     runs_total=len(cell_runs),

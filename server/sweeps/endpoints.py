@@ -6,10 +6,12 @@ from decodebench.contracts.api import SweepDetail, SweepOverview
 from decodebench.contracts.domain import SweepSpec
 from server.auth import SessionDep, UserToken
 from server.config import get_settings
+from server.errors import AUTHENTICATED_ERRORS
+from server.paths import RowId
 from server.sweeps import service
 from server.sweeps.views import sweep_detail, sweep_overview
 
-router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"])
+router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=AUTHENTICATED_ERRORS)
 
 
 @router.post("", status_code=201, response_model=SweepDetail)
@@ -24,5 +26,5 @@ def list_sweeps(token: UserToken, session: SessionDep) -> list[SweepOverview]:
 
 
 @router.get("/{sweep_id}", response_model=SweepDetail)
-def get_sweep(sweep_id: int, token: UserToken, session: SessionDep) -> SweepDetail:
+def get_sweep(sweep_id: RowId, token: UserToken, session: SessionDep) -> SweepDetail:
     return sweep_detail(session, service.get_sweep(session, sweep_id))

@@ -6,6 +6,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import RunSummary, RunView, SweepDetail, SweepOverview
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.names import Driver, RunState, SweepState
 from server.builds.views import build_view
 from server.models import Run, Sweep
 from server.sweeps.comparison import comparison
@@ -19,11 +20,11 @@ def run_view(run: Run) -> RunView:
         device_class=run.device_class,
         repetition=run.repetition,
         order_key=run.order_key,
-        state=run.state,
+        state=RunState(run.state),
         attempts=run.attempts,
         device_udid=run.device_udid,
         simulated=run.simulated,
-        driver=run.driver,
+        driver=Driver(run.driver) if run.driver else None,
         failure_reason=run.failure_reason,
         summary=RunSummary.model_validate(run.summary) if run.summary else None,
     )
@@ -33,7 +34,7 @@ def sweep_overview(sweep: Sweep) -> SweepOverview:
     return SweepOverview(
         id=sweep.id,
         model=sweep.model,
-        state=sweep.state,
+        state=SweepState(sweep.state),
         submitted_by=sweep.submitted_by,
         created_at=sweep.created_at,
         finished_at=sweep.finished_at,

@@ -19,6 +19,7 @@ from server.builds.diff import diff_builds
 from server.config import get_settings
 from server.errors import Conflict
 from server.models import ApiToken, TokenKind
+from server.paths import DeviceClass, RowId
 from server.profiles import service as profiles_service
 from server.profiles.views import current_profile_views
 from server.sweeps import service
@@ -112,7 +113,9 @@ async def submit_sweep(request: Request, user: UiUser, session: SessionDep) -> R
 
 
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
-def sweep_page(request: Request, sweep_id: int, user: UiUser, session: SessionDep) -> HTMLResponse:
+def sweep_page(
+    request: Request, sweep_id: RowId, user: UiUser, session: SessionDep
+) -> HTMLResponse:
     detail = sweep_detail(session, service.get_sweep(session, sweep_id))
     return _render(request, "sweep.html", user=user, sweep=detail)
 
@@ -131,7 +134,7 @@ def profiles_page(request: Request, user: UiUser, session: SessionDep) -> HTMLRe
 
 @router.post("/profiles/{device_class}/calibrate")
 async def calibrate_profile(
-    request: Request, device_class: str, user: UiUser, session: SessionDep
+    request: Request, device_class: DeviceClass, user: UiUser, session: SessionDep
 ) -> Response:
     form = await request.form()
     include_simulated = form.get("include_simulated") == "1"
@@ -153,7 +156,7 @@ async def calibrate_profile(
 
 @router.get("/builds/{build_id}/diff/{other_id}", response_class=HTMLResponse)
 def build_diff_page(
-    request: Request, build_id: int, other_id: int, user: UiUser, session: SessionDep
+    request: Request, build_id: RowId, other_id: RowId, user: UiUser, session: SessionDep
 ) -> HTMLResponse:
     try:
         diff = diff_builds(session, build_id, other_id).model_dump(mode="json")
