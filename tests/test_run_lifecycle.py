@@ -155,7 +155,7 @@ def test_results_from_the_wrong_device_or_prompt_are_rejected(
         f"/api/v1/runs/{run['run_id']}/results", json=result_for(range(5), 1.0), headers=agent
     )
     assert out_of_range.status_code == 422
-    assert "prompt_index 3 is outside" in out_of_range.json()["detail"]
+    assert "prompts.3: prompt_index is outside" in out_of_range.json()["detail"]
     assert table_counts()["prompt_results"] == 0
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializationInfo, model_serializer, model_validator
+from pydantic import ConfigDict, SerializationInfo, model_serializer, model_validator
 
+from decodebench.contracts.base import Contract
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 
 
-class KvState(BaseModel):
+class KvState(Contract):
     """One KV-cache state of the decode function."""
 
     model_config = ConfigDict(frozen=True)
@@ -37,7 +38,7 @@ class KvState(BaseModel):
         return self.bytes_per_position * min(position + 1, self.positions)
 
 
-class RedundantCopy(BaseModel):
+class RedundantCopy(Contract):
     """A tensor that only copies another one: written once, read again."""
 
     model_config = ConfigDict(frozen=True)
@@ -54,7 +55,7 @@ class RedundantCopy(BaseModel):
     source: str
 
 
-class TensorRecord(BaseModel):
+class TensorRecord(Contract):
     """One tensor the analysis singles out (a tile output)."""
 
     model_config = ConfigDict(frozen=True)
@@ -65,7 +66,7 @@ class TensorRecord(BaseModel):
     bytes: int
 
 
-class BytesPerToken(BaseModel):
+class BytesPerToken(Contract):
     model_config = ConfigDict(frozen=True)
 
     weights: int
@@ -77,7 +78,7 @@ class BytesPerToken(BaseModel):
     kv_positions: int = 0  # the context length of the longest cache
 
 
-class FunctionOps(BaseModel):
+class FunctionOps(Contract):
     model_config = ConfigDict(frozen=True)
 
     ops_total: int
@@ -86,7 +87,7 @@ class FunctionOps(BaseModel):
     op_counts: dict[str, int]
 
 
-class GraphAnalysis(BaseModel):
+class GraphAnalysis(Contract):
     """What a build's graph costs per decoded token. Defaults keep first-cut reports loadable."""
 
     model_config = ConfigDict(frozen=True)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from decodebench.contracts.analysis import BytesPerToken
+from decodebench.contracts.base import Contract
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.names import BuildState, Driver, RunState, SweepState
 from decodebench.contracts.protocol import ThermalState
 
 
-class _Response(BaseModel):
+class _Response(Contract):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -6,23 +6,24 @@ Validated once, when a worker completes a build; everything else reads it throug
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from decodebench.contracts.analysis import GraphAnalysis
+from decodebench.contracts.base import Contract
 from decodebench.contracts.domain import VariantSpec
 from decodebench.presets import ModelConfig
 
 METHOD = "kl_next_token_vs_fp16"
 
 
-class LayerSensitivity(BaseModel):
+class LayerSensitivity(Contract):
     model_config = ConfigDict(frozen=True)
 
     layer: int
     kl: float = Field(description="Mean KL(fp16 || only this layer quantized), nats per token")
 
 
-class SensitivityReport(BaseModel):
+class SensitivityReport(Contract):
     """What build.json stores: the ranking and how it was measured."""
 
     model_config = ConfigDict(frozen=True)
@@ -41,7 +42,7 @@ class SensitivityReport(BaseModel):
     )
 
 
-class QuantSummary(BaseModel):
+class QuantSummary(Contract):
     """What quantization did, and why: each weight's scheme, promoted layers, their ranking."""
 
     model_config = ConfigDict(extra="forbid")
@@ -54,7 +55,7 @@ class QuantSummary(BaseModel):
     sensitivity: SensitivityReport | None = None
 
 
-class BuildReport(BaseModel):
+class BuildReport(Contract):
     model_config = ConfigDict(extra="forbid")
 
     key: str

@@ -7,13 +7,14 @@ import json
 import re
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from decodebench.contracts.base import Incoming
 from decodebench.presets import PRESETS
 from decodebench.profiles import get_profile
 from decodebench.quant.recipe import RecipeError, parse_recipe
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 class Attention(StrEnum):
@@ -42,7 +43,7 @@ MAX_PREFILL_CHUNK = 512
 _LATER_AXES_DEFAULTS: dict[str, object] = {"kv": "state", "prefill_chunk": None}
 
 
-class VariantSpec(BaseModel):
+class VariantSpec(Incoming):
     """One point of the variant space; everything that changes the built graph."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -55,14 +56,14 @@ class VariantSpec(BaseModel):
         default=KVCache.state,
         description="state: KV cache is Core ML state; input: host-owned cache passed in",
     )
-    context: int = Field(default=512, ge=64, le=8192, description="KV-cache length in tokens")
-    prefill_chunk: int | None = Field(
+    context: StrictInt = Field(default=512, ge=64, le=8192, description="KV-cache length in tokens")
+    prefill_chunk: StrictInt | None = Field(
         default=None,
         ge=2,
         le=MAX_PREFILL_CHUNK,
         description="Query length of a prefill function next to decode; none when omitted",
     )
-    layers: int | None = Field(
+    layers: StrictInt | None = Field(
         default=None, ge=1, le=128, description="Override the preset's decoder layer count"
     )
     quant: str = Field(
@@ -121,7 +122,7 @@ class VariantSpec(BaseModel):
         return identity
 
 
-class SweepSpec(BaseModel):
+class SweepSpec(Incoming):
     """A user's request: one model, several variants, several device classes."""
 
     model_config = ConfigDict(extra="forbid")
@@ -129,9 +130,13 @@ class SweepSpec(BaseModel):
     model: str = Field(description="Model preset name, e.g. tiny-gqa or exaone-4.0-1.2b")
     variants: list[VariantSpec] = Field(min_length=1, max_length=16)
     devices: list[str] = Field(min_length=1, max_length=16, description="Device classes")
-    prompts: int = Field(default=30, ge=1, le=30, description="Prompts of the built-in set")
-    decode_tokens: int = Field(default=32, ge=1, le=1024, description="Tokens decoded per prompt")
-    repetitions: int = Field(default=1, ge=1, le=10, description="Runs per variant and device")
+    prompts: StrictInt = Field(default=30, ge=1, le=30, description="Prompts of the built-in set")
+    decode_tokens: StrictInt = Field(
+        default=32, ge=1, le=1024, description="Tokens decoded per prompt"
+    )
+    repetitions: StrictInt = Field(
+        default=1, ge=1, le=10, description="Runs per variant and device"
+    )
 
     @field_validator("model")
     @classmethod
@@ -148,6 +153,17 @@ class SweepSpec(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError("device classes must be distinct")
         return value
+
+    @model_validator(mode="after")
+    def _decode_fits_every_context(self) -> SweepSpec:
+        for index, variant in enumerate(self.variants):
+            if self.decode_tokens >= variant.context:
+                raise ValueError(
+                    f"decode_tokens ({self.decode_tokens}) leaves no room for a prompt in "
+                    f"variants.{index}.context ({variant.context}); decode fewer tokens or "
+                    "raise the context"
+                )
+        return self
 
     @model_validator(mode="after")
     def _distinct_variant_labels(self) -> SweepSpec:

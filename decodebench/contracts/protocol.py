@@ -7,13 +7,18 @@ and the iOS harness writes `results.json` in the `RunResult` shape.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
+from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
 
 PROTOCOL_VERSION = 1
+# No phone decodes a billion tokens a second: a rate above this is a corrupt figure, and two of
+# them must still add up to a finite mean.
+MAX_RATE = 1e9
 
 
 class ThermalState(StrEnum):
@@ -24,7 +29,7 @@ class ThermalState(StrEnum):
     unknown = "unknown"
 
 
-class DeviceInfo(BaseModel):
+class DeviceInfo(Incoming):
     """One device as an agent sees it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -34,16 +39,16 @@ class DeviceInfo(BaseModel):
     product_type: str = Field(min_length=1, max_length=64, description="e.g. iPhone17,1")
     os_version: str = Field(default="", max_length=32)
     driver: str = Field(description="simulated, emulated, pymobiledevice3 or host")
-    simulated: bool = Field(description="True when timings do not come from a real device")
-    battery_level: int | None = Field(default=None, ge=0, le=100)
-    charging: bool | None = None
+    simulated: StrictBool = Field(description="True when timings do not come from a real device")
+    battery_level: StrictInt | None = Field(default=None, ge=0, le=100)
+    charging: StrictBool | None = None
     thermal_state: ThermalState = ThermalState.unknown
     status: str = Field(
         default="ready", max_length=64, description="ready, busy, cooling, locked …"
     )
 
 
-class AgentRegistration(BaseModel):
+class AgentRegistration(Incoming):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=128)
@@ -52,25 +57,25 @@ class AgentRegistration(BaseModel):
     devices: list[DeviceInfo] = Field(default_factory=list)
 
 
-class AgentRegistered(BaseModel):
+class AgentRegistered(Contract):
     agent_id: int
     heartbeat_interval_s: float
     lease_seconds: int
 
 
-class Heartbeat(BaseModel):
+class Heartbeat(Incoming):
     model_config = ConfigDict(extra="forbid")
 
     devices: list[DeviceInfo] = Field(default_factory=list)
 
 
-class ClaimRequest(BaseModel):
+class ClaimRequest(Incoming):
     model_config = ConfigDict(extra="forbid")
 
     device_udid: str = Field(min_length=1, max_length=128)
 
 
-class RunAssignment(BaseModel):
+class RunAssignment(Contract):
     """Everything an agent needs to execute one run on one device."""
 
     run_id: int
@@ -89,23 +94,25 @@ class RunAssignment(BaseModel):
     lease_seconds: int
 
 
-class ClaimResponse(BaseModel):
+class ClaimResponse(Contract):
     run: RunAssignment | None = None
 
 
-class PromptResult(BaseModel):
+class PromptResult(Incoming):
     """One prompt of the decode sweep on one device."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_index: int = Field(ge=0, lt=1000)
-    prompt_tokens: int = Field(ge=1)
-    generated_tokens: int = Field(ge=1)
-    ttft_ms: float = Field(ge=0, description="Time to first token: prefill plus first decode")
-    prefill_tok_s: float = Field(gt=0)
-    decode_tok_s: float = Field(gt=0)
-    token_latencies_ms: list[float] = Field(min_length=1)
-    token_ids: list[int] | None = Field(default=None, description="Greedy tokens, when known")
+    prompt_index: StrictInt = Field(ge=0, lt=1000)
+    prompt_tokens: StrictInt = Field(ge=1)
+    generated_tokens: StrictInt = Field(ge=1)
+    ttft_ms: StrictFloat = Field(ge=0, description="Time to first token: prefill plus first decode")
+    prefill_tok_s: StrictFloat = Field(gt=0, le=MAX_RATE)
+    decode_tok_s: StrictFloat = Field(gt=0, le=MAX_RATE)
+    token_latencies_ms: list[Annotated[StrictFloat, Field(ge=0)]] = Field(min_length=1)
+    token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(
+        default=None, description="Greedy tokens, when known"
+    )
 
     @model_validator(mode="after")
     def _one_latency_per_token(self) -> PromptResult:
@@ -119,21 +126,21 @@ class PromptResult(BaseModel):
         return self
 
 
-class RunResult(BaseModel):
+class RunResult(Incoming):
     """What a device run produced: the harness's results.json, validated on upload."""
 
     model_config = ConfigDict(extra="forbid")
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: StrictInt = PROTOCOL_VERSION
     device_udid: str
     device_class: str
     product_type: str
     os_version: str = ""
     driver: str
-    simulated: bool
-    load_time_cold_ms: float = Field(ge=0)
-    load_time_warm_ms: float = Field(ge=0)
-    peak_memory_bytes: int = Field(ge=0)
+    simulated: StrictBool
+    load_time_cold_ms: StrictFloat = Field(ge=0)
+    load_time_warm_ms: StrictFloat = Field(ge=0)
+    peak_memory_bytes: StrictInt = Field(ge=0)
     thermal_state_start: ThermalState = ThermalState.unknown
     thermal_state_end: ThermalState = ThermalState.unknown
     timing_model: str = Field(
@@ -149,21 +156,21 @@ class RunResult(BaseModel):
         return self
 
 
-class RunFailure(BaseModel):
+class RunFailure(Incoming):
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field(min_length=1, max_length=2000)
-    retryable: bool = True
+    retryable: StrictBool = True
 
 
-class LeaseRenewal(BaseModel):
+class LeaseRenewal(Contract):
     lease_expires_at: str
 
 
 # Build workers
 
 
-class BuildAssignment(BaseModel):
+class BuildAssignment(Contract):
     build_id: int
     key: str
     model: str
@@ -172,19 +179,19 @@ class BuildAssignment(BaseModel):
     toolchain: dict[str, str] = Field(description="The toolchain the build is keyed by")
 
 
-class BuildStart(BaseModel):
+class BuildStart(Contract):
     proceed: bool
     state: str
 
 
-class BuildProgress(BaseModel):
+class BuildProgress(Incoming):
     model_config = ConfigDict(extra="forbid")
 
     stage: str = Field(min_length=1, max_length=64)
-    fraction: float = Field(ge=0, le=1)
+    fraction: StrictFloat = Field(ge=0, le=1)
 
 
-class BuildOutcome(BaseModel):
+class BuildOutcome(Incoming):
     """A finished build: the artifact's address plus its build.json (report and analysis)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -193,7 +200,7 @@ class BuildOutcome(BaseModel):
     report: BuildReport = Field(description="build.json as written by the builder")
 
 
-class BuildFailure(BaseModel):
+class BuildFailure(Incoming):
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field(min_length=1, max_length=4000)

@@ -156,11 +156,16 @@ def fail_run(
 
 
 def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
-    """Idempotent per (run, prompt): a repeated upload rewrites the same rows."""
+    """Idempotent per (run, prompt) while the run runs; once it has ended its results are
+    immutable: the same upload again is answered as stored, a different one is refused."""
     run = get_run(session, run_id, lock=True)
     if run.agent_id != agent_id:
         raise Conflict(f"run {run_id} is not leased to this agent")
-    if run.state not in (RunState.running, RunState.succeeded):
+    if run.state == RunState.succeeded:
+        if _already_stored(session, run_id, result):
+            return run
+        raise Conflict(f"run {run_id} has ended (succeeded); its results are immutable")
+    if run.state != RunState.running:
         raise Conflict(f"run {run_id} is {run.state}; results are no longer accepted")
     if result.device_udid != run.device_udid:
         raise InvalidInput(f"results are from {result.device_udid}, run is on {run.device_udid}")
@@ -171,10 +176,17 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
     sweep = session.get(Sweep, run.sweep_id)
     assert sweep is not None
     expected_prompts = int(sweep.spec["prompts"])
+    decode_tokens = int(sweep.spec["decode_tokens"])
     for prompt in result.prompts:
         if prompt.prompt_index >= expected_prompts:
             raise InvalidInput(
-                f"prompt_index {prompt.prompt_index} is outside this run's {expected_prompts} prompts"
+                f"prompts.{prompt.prompt_index}: prompt_index is outside this run's "
+                f"{expected_prompts} prompts"
+            )
+        if prompt.generated_tokens > decode_tokens:
+            raise InvalidInput(
+                f"prompts.{prompt.prompt_index}: generated_tokens {prompt.generated_tokens} "
+                f"exceeds the sweep's decode_tokens {decode_tokens}"
             )
     for prompt in result.prompts:
         values = prompt.model_dump()
@@ -199,6 +211,20 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         move(session, "run", run, RunState.succeeded, f"{len(rows)} prompts uploaded")
         refresh_sweep_state(session, run.sweep_id)
     return run
+
+
+def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
+    stored = {
+        row.prompt_index: row
+        for row in session.scalars(select(PromptResultRow).where(PromptResultRow.run_id == run_id))
+    }
+    for prompt in result.prompts:
+        row = stored.get(prompt.prompt_index)
+        if row is None or any(
+            getattr(row, field) != value for field, value in prompt.model_dump().items()
+        ):
+            return False
+    return True
 
 
 def _run_summary(result: RunResult, rows: Sequence[PromptResultRow]) -> dict[str, object]:
