@@ -22,7 +22,9 @@ from decodebench.contracts.protocol import (
     AgentRegistered,
     AgentRegistration,
     BuildAssignment,
+    BuildFailure,
     BuildOutcome,
+    BuildProgress,
     BuildStart,
     ClaimResponse,
     DeviceInfo,
@@ -147,10 +149,12 @@ class DecodebenchClient:
         data = self._request("POST", f"/builds/{build_id}/start", json={"worker": worker})
         return BuildStart.model_validate(data)
 
-    def report_build_progress(self, build_id: int, stage: str, fraction: float) -> None:
-        self._request(
-            "POST", f"/builds/{build_id}/progress", json={"stage": stage, "fraction": fraction}
-        )
+    def report_build_progress(self, build_id: int, lease: str, stage: str, fraction: float) -> None:
+        body = BuildProgress(lease=lease, stage=stage, fraction=fraction)
+        self._request("POST", f"/builds/{build_id}/progress", json=body.model_dump(mode="json"))
+
+    def renew_build_lease(self, build_id: int, lease: str) -> None:
+        self._request("POST", f"/builds/{build_id}/lease", json={"lease": lease})
 
     def upload_artifact(self, path: Path) -> str:
         sha256 = file_sha256(path)
@@ -166,8 +170,9 @@ class DecodebenchClient:
     def complete_build(self, build_id: int, outcome: BuildOutcome) -> None:
         self._request("POST", f"/builds/{build_id}/complete", json=outcome.model_dump(mode="json"))
 
-    def fail_build(self, build_id: int, reason: str) -> None:
-        self._request("POST", f"/builds/{build_id}/fail", json={"reason": reason})
+    def fail_build(self, build_id: int, lease: str, reason: str) -> None:
+        body = BuildFailure(lease=lease, reason=reason[:4000])
+        self._request("POST", f"/builds/{build_id}/fail", json=body.model_dump(mode="json"))
 
     def reconcile_builds(self) -> list[int]:
         return Reenqueued.model_validate(self._request("POST", "/builds/reconcile")).reenqueued

@@ -63,6 +63,7 @@ def main() -> int:
         stack.prepare()
         stack.start_server()
         stack.start_worker()
+        stack.start_beat()
         stack.start_agent(DEMO_SWEEP["devices"])
         print(
             f"server {stack.server_url}; worker and agent (2 simulated iPhones) started", flush=True

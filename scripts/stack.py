@@ -107,11 +107,11 @@ class Stack:
         self.processes[name] = process
         return process
 
-    def start_server(self) -> None:
+    def start_server(self, **settings: str) -> None:
         self._spawn(
             "server",
             [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port)],
-            self.env(),
+            self.env(**settings),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -124,7 +124,7 @@ class Stack:
             time.sleep(0.3)
         raise RuntimeError(f"server did not become healthy; see {self.var_dir / 'server.log'}")
 
-    def start_worker(self) -> None:
+    def start_worker(self, name: str = "worker") -> subprocess.Popen:
         command = [
             sys.executable, "-m", "celery", "-A", "worker.app", "worker",
             "--loglevel", "INFO", "--pool", "solo", "--queues", "builds", "--without-heartbeat",
@@ -132,9 +132,22 @@ class Stack:
         ]  # fmt: skip
         env = self.env(
             DECODEBENCH_WORKER_TOKEN=self.tokens["worker"],
-            DECODEBENCH_WORK_DIR=str(self.var_dir / "worker"),
+            DECODEBENCH_WORK_DIR=str(self.var_dir / name),
+            DECODEBENCH_WORKER_NAME=name,
         )
-        self._spawn("worker", command, env)
+        return self._spawn(name, command, env)
+
+    def start_beat(self, reconcile_interval_s: float = 60.0) -> None:
+        """Celery beat: asks the server every interval to queue again what was lost."""
+        command = [
+            sys.executable, "-m", "celery", "-A", "worker.app", "beat", "--loglevel", "INFO",
+            "--schedule", str(self.var_dir / "beat-schedule"),
+        ]  # fmt: skip
+        env = self.env(
+            DECODEBENCH_WORKER_TOKEN=self.tokens["worker"],
+            DECODEBENCH_RECONCILE_INTERVAL_S=str(reconcile_interval_s),
+        )
+        self._spawn("beat", command, env)
 
     def start_agent(self, device_classes: list[str], *extra_args: str) -> None:
         command = [

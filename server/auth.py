@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from server.db import session_scope
 from server.errors import Forbidden, NotAuthenticated
-from server.models import ApiToken, TokenKind
+from server.models import DEFAULT_SCOPES, ApiToken, Scope, TokenKind
 
 UI_COOKIE = "decodebench_token"
 
@@ -24,14 +24,27 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(session: Session, kind: TokenKind, name: str, token: str | None = None) -> str:
+def create_token(
+    session: Session,
+    kind: TokenKind,
+    name: str,
+    token: str | None = None,
+    scopes: tuple[Scope, ...] = DEFAULT_SCOPES,
+) -> str:
     """Store a new token and return its only plain-text copy."""
     plain = token or f"dbk_{kind.value}_{secrets.token_urlsafe(24)}"
     if len(plain) < 16:
         raise ValueError("a token must be at least 16 characters")
     existing = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(plain)))
     if existing is None:
-        session.add(ApiToken(kind=kind.value, name=name, token_sha256=hash_token(plain)))
+        session.add(
+            ApiToken(
+                kind=kind.value,
+                name=name,
+                token_sha256=hash_token(plain),
+                scopes=[scope.value for scope in scopes],
+            )
+        )
         session.flush()
     elif existing.kind != kind.value:
         raise ValueError(f"that token already exists as a {existing.kind} token")
@@ -78,5 +91,18 @@ def _require(kind: TokenKind):
 
 
 UserToken = Annotated[ApiToken, Depends(_require(TokenKind.user))]
+
+
+def _scoped(scope: Scope):
+    def dependency(token: UserToken) -> ApiToken:
+        if scope.value not in token.scopes:
+            raise Forbidden(f"this endpoint needs a user token with the {scope.value} scope")
+        return token
+
+    return dependency
+
+
+SubmitToken = Annotated[ApiToken, Depends(_scoped(Scope.submit))]
+AdminToken = Annotated[ApiToken, Depends(_scoped(Scope.admin))]
 AgentToken = Annotated[ApiToken, Depends(_require(TokenKind.agent))]
 WorkerToken = Annotated[ApiToken, Depends(_require(TokenKind.worker))]

@@ -25,6 +25,12 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 5.0
     max_run_attempts: int = 3
     max_build_attempts: int = 2
+    # A worker renews its build's lease every third of this; a build whose lease ran out is
+    # queued again by the reconciler (beat, every minute), so a killed worker costs at most
+    # this plus a minute.
+    build_lease_seconds: float = 120.0
+    # A queued build no worker has started for this long is sent to the broker again.
+    requeue_after_seconds: float = 120.0
     # Builds are keyed by the toolchain that makes them; workers refuse to build for another one.
     toolchain_coremltools: str = "9.0"
     toolchain_torch: str = "2.13.0"

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from server.config import get_settings
-from server.models import TokenKind
+from server.models import DEFAULT_SCOPES, Scope, TokenKind
 
 
 def wait_for_database(timeout_s: float) -> None:
@@ -41,12 +41,31 @@ def migrate(revision: str = "head") -> None:
     command.upgrade(config, revision)
 
 
-def create_token_command(kind: str, name: str, token: str | None) -> str:
+def create_token_command(
+    kind: str, name: str, token: str | None, scopes: tuple[str, ...] = ()
+) -> str:
     from server.auth import create_token
     from server.db import get_sessionmaker
 
+    chosen = tuple(Scope(scope) for scope in scopes) or DEFAULT_SCOPES
     with get_sessionmaker().begin() as session:
-        return create_token(session, TokenKind(kind), name, token)
+        return create_token(session, TokenKind(kind), name, token, chosen)
+
+
+def revoke_tokens_command(name: str) -> int:
+    """Revoke every live token of that name; returns how many."""
+    from sqlalchemy import func, update
+
+    from server.db import get_sessionmaker
+    from server.models import ApiToken
+
+    with get_sessionmaker().begin() as session:
+        revoked = session.execute(
+            update(ApiToken)
+            .where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
+            .values(revoked_at=func.now())
+        )
+        return int(revoked.rowcount)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument(
         "--token", help="use this value (at least 16 characters) instead of a random one"
     )
+    token.add_argument(
+        "--scope",
+        action="append",
+        choices=[scope.value for scope in Scope],
+        default=[],
+        help="what a user token may do (repeatable; default: read and submit)",
+    )
+    revoke = commands.add_parser("revoke-token", help="revoke every token with this name")
+    revoke.add_argument("--name", required=True)
     args = parser.parse_args(argv)
 
     if args.command == "prestart":
@@ -70,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         migrate()
     elif args.command == "create-token":
         try:
-            print(create_token_command(args.kind, args.name, args.token))
+            print(create_token_command(args.kind, args.name, args.token, tuple(args.scope)))
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
+    elif args.command == "revoke-token":
+        revoked = revoke_tokens_command(args.name)
+        print(f"revoked {revoked} token(s) named {args.name}")
+        return 0 if revoked else 1
     return 0
 
 

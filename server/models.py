@@ -18,6 +18,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -40,6 +41,15 @@ class TokenKind(StrEnum):
     worker = "worker"
 
 
+class Scope(StrEnum):
+    read = "read"  # see sweeps, builds, devices and profiles
+    submit = "submit"  # submit sweeps, calibrate profiles
+    admin = "admin"  # fail or rebuild any build
+
+
+DEFAULT_SCOPES = (Scope.read, Scope.submit)
+
+
 def _now_column() -> Mapped[datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now())
 
@@ -53,6 +63,10 @@ class ApiToken(Base):
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = _now_column()
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # What a user token may do (read, submit, admin); agent and worker tokens ignore it.
+    scopes: Mapped[list[Any]] = mapped_column(
+        JSONB, server_default=text('\'["read", "submit"]\'::jsonb')
+    )
 
 
 class Sweep(Base):
@@ -75,6 +89,7 @@ class Build(Base):
     """One artifact, shared by every sweep that asks for the same variant of the same model."""
 
     __tablename__ = "builds"
+    __table_args__ = (Index("ix_builds_state_lease", "state", "lease_expires_at"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)
@@ -93,6 +108,10 @@ class Build(Base):
     updated_at: Mapped[datetime] = _now_column()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The worker building it holds this lease and renews it; once it expires the build is
+    # queued again (or failed after its last attempt), so a killed worker loses nothing.
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class SweepVariant(Base):

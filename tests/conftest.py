@@ -66,15 +66,20 @@ def api(db: None):
         yield client
 
 
-def make_token(kind: str, name: str) -> str:
+def make_token(kind: str, name: str, scopes: tuple[str, ...] = ()) -> str:
     from server.manage import create_token_command
 
-    return create_token_command(kind, name, f"test-{kind}-{secrets.token_hex(12)}")
+    return create_token_command(kind, name, f"test-{kind}-{secrets.token_hex(12)}", scopes)
 
 
 @pytest.fixture
 def user_token(db: None) -> str:
     return make_token("user", "ci")
+
+
+@pytest.fixture
+def admin_token(db: None) -> str:
+    return make_token("user", "operator", ("read", "submit", "admin"))
 
 
 @pytest.fixture
@@ -169,7 +174,8 @@ def start_and_complete(api, build: dict, worker_token: str, report: dict):
         f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers
     )
     assert started.json()["proceed"], started.text
-    progress = {"stage": "convert", "fraction": 0.5}
+    lease = started.json()["lease"]
+    progress = {"lease": lease, "stage": "convert", "fraction": 0.5}
     assert (
         api.post(
             f"/api/v1/builds/{build['id']}/progress", json=progress, headers=headers
@@ -183,6 +189,6 @@ def start_and_complete(api, build: dict, worker_token: str, report: dict):
     )
     return api.post(
         f"/api/v1/builds/{build['id']}/complete",
-        json={"artifact_sha256": sha256, "report": report},
+        json={"lease": lease, "artifact_sha256": sha256, "report": report},
         headers=headers,
     )

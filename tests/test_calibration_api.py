@@ -75,6 +75,12 @@ def run_everything(
 
 
 @pytest.fixture
+def user_token(admin_token: str) -> str:
+    """Calibrating changes every user's predictions: these tests act as an operator."""
+    return admin_token
+
+
+@pytest.fixture
 def measured(api, user_token: str, worker_token: str, agent_token: str) -> dict:
     """A sweep of three builds run on a real iPhone 17 Pro, then the same on a simulated one."""
     registration = {"name": "lab-1", "devices": [PHONE, SIMULATED]}

@@ -24,7 +24,10 @@ app.conf.update(
     task_ignore_result=True,
     broker_connection_retry_on_startup=True,
     beat_schedule={
-        "reconcile-pending-builds": {"task": RECONCILE_TASK, "schedule": 60.0},
+        "reconcile-pending-builds": {
+            "task": RECONCILE_TASK,
+            "schedule": settings.reconcile_interval_s,
+        },
     },
 )
 

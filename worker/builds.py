@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import httpx
+
 from decodebench.artifacts import pack_directory
-from decodebench.client import DecodebenchClient
+from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.protocol import BuildOutcome
 from decodebench.toolchain import ToolchainMismatch, check_toolchain
 from worker.config import WorkerSettings
@@ -25,14 +28,15 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
 
     with DecodebenchClient(settings.server_url, settings.token) as client:
         assignment = client.get_build_assignment(build_id)
+        start = client.start_build(build_id, settings.name)
+        if not start.proceed or start.lease is None:
+            return f"skipped: build is {start.state}"
+        lease = start.lease
         try:
             check_toolchain(assignment.toolchain, toolchain_versions())
         except ToolchainMismatch as error:
-            client.fail_build(build_id, str(error))
+            client.fail_build(build_id, lease, str(error))
             return f"refused: {error}"
-        start = client.start_build(build_id, settings.name)
-        if not start.proceed:
-            return f"skipped: build is {start.state}"
         last_report = 0.0
 
         def progress(stage: str, fraction: float) -> None:
@@ -40,7 +44,9 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
             now = time.monotonic()
             if now - last_report >= PROGRESS_INTERVAL_S or fraction >= 1.0:
                 last_report = now
-                client.report_build_progress(build_id, stage, max(0.0, min(1.0, fraction)))
+                client.report_build_progress(build_id, lease, stage, max(0.0, min(1.0, fraction)))
+
+        renewal = LeaseRenewal(settings, build_id, lease, start.lease_seconds or 120.0)
 
         settings.work_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=settings.work_dir, prefix=f"build-{build_id}-") as tmp:
@@ -61,7 +67,41 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
                 sha256 = client.upload_artifact(archive)
             except Exception as error:
                 log.exception("build %s failed", build_id)
-                client.fail_build(build_id, f"{type(error).__name__}: {error}")
+                renewal.stop()
+                client.fail_build(build_id, lease, f"{type(error).__name__}: {error}")
                 return f"failed: {error}"
-            client.complete_build(build_id, BuildOutcome(artifact_sha256=sha256, report=report))
+            renewal.stop()
+            outcome = BuildOutcome(lease=lease, artifact_sha256=sha256, report=report)
+            client.complete_build(build_id, outcome)
             return f"built {sha256}"
+
+
+class LeaseRenewal:
+    """Renews the build's lease from a thread every third of its length while the build runs,
+    so a conversion stage of any length keeps it; a killed worker stops renewing and the server
+    queues the build again once the lease runs out."""
+
+    def __init__(self, settings: WorkerSettings, build_id: int, lease: str, seconds: float) -> None:
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._renew,
+            args=(settings, build_id, lease, max(seconds / 3, 0.5)),
+            name=f"lease-{build_id}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _renew(self, settings: WorkerSettings, build_id: int, lease: str, every: float) -> None:
+        with DecodebenchClient(settings.server_url, settings.token) as client:
+            while not self._stopped.wait(every):
+                try:
+                    client.renew_build_lease(build_id, lease)
+                except ApiError as error:  # the lease is gone (taken over, abandoned): stop
+                    log.warning("build %s: lease renewal refused: %s", build_id, error)
+                    return
+                except httpx.TransportError as error:  # the server is away: try again
+                    log.warning("build %s: lease renewal failed: %s", build_id, error)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)

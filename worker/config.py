@@ -21,6 +21,9 @@ class WorkerSettings(BaseSettings):
         default=SecretStr(""), description="A worker token (python -m server.manage create-token)"
     )
     work_dir: Path = Path("var/worker")
+    reconcile_interval_s: float = Field(
+        default=60.0, gt=0, description="How often beat asks the server to recover lost builds"
+    )
     worker_name: str = Field(default_factory=socket.gethostname)
 
     @field_validator("worker_token")

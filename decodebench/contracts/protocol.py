@@ -179,28 +179,39 @@ class BuildAssignment(Contract):
     toolchain: dict[str, str] = Field(description="The toolchain the build is keyed by")
 
 
+LEASE_PATTERN = r"^[0-9a-f]{32}$"
+
+
 class BuildStart(Contract):
+    """The answer to a worker asking to build: go ahead under this lease, or not."""
+
     proceed: bool
     state: str
+    lease: str | None = Field(default=None, description="Send it with every later report")
+    lease_seconds: int | None = Field(default=None, description="Renew before it runs out")
 
 
-class BuildProgress(Incoming):
-    model_config = ConfigDict(extra="forbid")
+class WorkerIdentity(Incoming):
+    worker: str = Field(min_length=1, max_length=255)
 
+
+class BuildLease(Incoming):
+    """What proves a worker still holds the build it reports on."""
+
+    lease: str = Field(pattern=LEASE_PATTERN)
+
+
+class BuildProgress(BuildLease):
     stage: str = Field(min_length=1, max_length=64)
     fraction: StrictFloat = Field(ge=0, le=1)
 
 
-class BuildOutcome(Incoming):
+class BuildOutcome(BuildLease):
     """A finished build: the artifact's address plus its build.json (report and analysis)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     artifact_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     report: BuildReport = Field(description="build.json as written by the builder")
 
 
-class BuildFailure(Incoming):
-    model_config = ConfigDict(extra="forbid")
-
+class BuildFailure(BuildLease):
     reason: str = Field(min_length=1, max_length=4000)

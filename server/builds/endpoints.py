@@ -1,24 +1,28 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from decodebench.contracts.api import BuildDetail, BuildStateView, Reenqueued
+from decodebench.contracts.base import Incoming
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import BuildState
 from decodebench.contracts.protocol import (
     BuildAssignment,
     BuildFailure,
+    BuildLease,
     BuildOutcome,
     BuildProgress,
     BuildStart,
+    WorkerIdentity,
 )
 from decodebench.diff import GraphDiff
 from server.artifacts.endpoints import get_store
-from server.auth import SessionDep, UserToken, WorkerToken
+from server.auth import AdminToken, SessionDep, UserToken, WorkerToken
 from server.builds import service
 from server.builds.diff import diff_builds
 from server.builds.views import build_detail
+from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS, InvalidInput
 from server.paths import RowId
 from server.tasks import enqueue_build
@@ -26,8 +30,8 @@ from server.tasks import enqueue_build
 router = APIRouter(prefix="/api/v1/builds", tags=["builds"], responses=AUTHENTICATED_ERRORS)
 
 
-class WorkerIdentity(BaseModel):
-    worker: str = Field(min_length=1, max_length=255)
+class OperatorAction(Incoming):
+    reason: str = Field(min_length=1, max_length=2000, description="Recorded with the change")
 
 
 @router.get("/{build_id}", response_model=BuildDetail)
@@ -59,13 +63,24 @@ def assignment(build_id: RowId, token: WorkerToken, session: SessionDep) -> Buil
 def start(
     build_id: RowId, body: WorkerIdentity, token: WorkerToken, session: SessionDep
 ) -> BuildStart:
-    proceed, build = service.start_build(session, build_id, body.worker)
-    return BuildStart(proceed=proceed, state=build.state)
+    lease_seconds = get_settings().build_lease_seconds
+    proceed, build = service.start_build(session, build_id, body.worker, lease_seconds)
+    if not proceed:
+        return BuildStart(proceed=False, state=build.state)
+    return BuildStart(
+        proceed=True, state=build.state, lease=build.lease_token, lease_seconds=lease_seconds
+    )
+
+
+@router.post("/{build_id}/lease", status_code=204)
+def renew(build_id: RowId, body: BuildLease, token: WorkerToken, session: SessionDep) -> None:
+    """The worker building it is alive: its lease runs on."""
+    service.renew_build_lease(session, build_id, body.lease, get_settings().build_lease_seconds)
 
 
 @router.post("/{build_id}/progress", status_code=204)
 def progress(build_id: RowId, body: BuildProgress, token: WorkerToken, session: SessionDep) -> None:
-    service.record_progress(session, build_id, body.stage, body.fraction)
+    service.record_progress(session, build_id, body, get_settings().build_lease_seconds)
 
 
 @router.post("/{build_id}/complete", response_model=BuildStateView)
@@ -81,15 +96,35 @@ def complete(
 def fail(
     build_id: RowId, body: BuildFailure, token: WorkerToken, session: SessionDep
 ) -> BuildStateView:
-    return BuildStateView(
-        state=BuildState(service.fail_build(session, build_id, body.reason).state)
-    )
+    return BuildStateView(state=BuildState(service.fail_build(session, build_id, body).state))
 
 
 @router.post("/reconcile", response_model=Reenqueued)
 def reconcile(token: WorkerToken, session: SessionDep) -> Reenqueued:
-    """Re-send builds the database says are pending but no worker has reported on lately."""
-    build_ids = service.builds_to_reenqueue(session, older_than_seconds=120)
+    """Queue again builds whose worker's lease ran out, and re-send queued builds no worker has
+    started lately (their message may have been lost)."""
+    settings = get_settings()
+    expired = service.expire_build_leases(session, settings.max_build_attempts)
+    stale = service.builds_to_reenqueue(session, older_than_seconds=settings.requeue_after_seconds)
+    build_ids = sorted(set(expired) | set(stale))
     for build_id in build_ids:
         enqueue_build(session, build_id)
     return Reenqueued(reenqueued=build_ids)
+
+
+@router.post("/{build_id}/abandon", response_model=BuildStateView)
+def abandon(
+    build_id: RowId, body: OperatorAction, token: AdminToken, session: SessionDep
+) -> BuildStateView:
+    """Fail a build in any state, a succeeded one too (a bad artifact): its unfinished runs fail."""
+    build = service.abandon_build(session, build_id, body.reason, token.name)
+    return BuildStateView(state=BuildState(build.state))
+
+
+@router.post("/{build_id}/rebuild", response_model=BuildStateView)
+def rebuild(
+    build_id: RowId, body: OperatorAction, token: AdminToken, session: SessionDep
+) -> BuildStateView:
+    """Build it again: the artifact and report are dropped, its queued runs wait for the new one."""
+    build = service.rebuild(session, build_id, body.reason, token.name)
+    return BuildStateView(state=BuildState(build.state))

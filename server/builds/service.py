@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
@@ -9,15 +10,12 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec, build_key
-from decodebench.contracts.protocol import BuildOutcome
+from decodebench.contracts.protocol import BuildFailure, BuildOutcome, BuildProgress
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
 from server.runs.service import refresh_sweeps_of_build
 from server.tasks import enqueue_build
 from server.transitions import move, record_created
-
-# A building build whose worker has reported nothing for this long is presumed lost.
-BUILDER_SILENCE_SECONDS = 600.0
 
 
 def get_build(session: Session, build_id: int, *, lock: bool = False) -> Build:
@@ -65,46 +63,73 @@ def get_or_create_build(
     return build
 
 
-def start_build(session: Session, build_id: int, worker: str) -> tuple[bool, Build]:
-    """A worker asks to build; only one may proceed, and a finished build is never redone."""
+def start_build(
+    session: Session, build_id: int, worker: str, lease_seconds: float
+) -> tuple[bool, Build]:
+    """A worker asks to build: it proceeds, under a new lease, when the build is queued or its
+    last worker's lease has run out; a build someone holds, or a finished one, is not redone."""
     build = get_build(session, build_id, lock=True)
+    now = datetime.now(UTC)
     if build.state in (BuildState.succeeded, BuildState.failed):
         return False, build
-    if build.state == BuildState.building and build.updated_at > _seconds_before(
-        datetime.now(UTC), BUILDER_SILENCE_SECONDS
-    ):
-        return False, build  # a duplicate delivery while another worker is still reporting
+    if build.state == BuildState.building and not _lease_expired(build, now):
+        return False, build  # a duplicate delivery while another worker holds the lease
+    reason = f"started by {worker}"
+    if build.state == BuildState.building:
+        reason = f"taken over by {worker}: {build.worker}'s lease ran out"
     build.attempts += 1
     build.worker = worker
-    build.started_at = datetime.now(UTC)
-    build.updated_at = build.started_at
+    build.started_at = now
+    build.updated_at = now
     build.stage = "starting"
     build.progress = 0.0
-    move(session, "build", build, BuildState.building, f"started by {worker}")
+    build.lease_token = secrets.token_hex(16)
+    build.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    move(session, "build", build, BuildState.building, reason)
     return True, build
 
 
-def record_progress(session: Session, build_id: int, stage: str, fraction: float) -> None:
+def _lease_expired(build: Build, now: datetime) -> bool:
+    return build.lease_expires_at is None or build.lease_expires_at <= now
+
+
+def held_build(session: Session, build_id: int, lease: str) -> Build:
+    """The build, locked, if the caller holds its lease; a report from anyone else is refused."""
     build = get_build(session, build_id, lock=True)
-    if build.state != BuildState.building:
-        raise Conflict(f"build {build_id} is {build.state}, not building")
-    build.stage = stage
-    build.progress = fraction
+    if build.state != BuildState.building or build.lease_token != lease:
+        raise Conflict(
+            f"build {build_id} is not held under this lease (it is {build.state}"
+            + (f", held by {build.worker})" if build.state == BuildState.building else ")")
+        )
+    return build
+
+
+def renew_build_lease(session: Session, build_id: int, lease: str, lease_seconds: float) -> Build:
+    build = held_build(session, build_id, lease)
     build.updated_at = datetime.now(UTC)
+    build.lease_expires_at = build.updated_at + timedelta(seconds=lease_seconds)
+    return build
+
+
+def record_progress(
+    session: Session, build_id: int, progress: BuildProgress, lease_seconds: float
+) -> None:
+    build = renew_build_lease(session, build_id, progress.lease, lease_seconds)
+    build.stage = progress.stage
+    build.progress = progress.fraction
 
 
 def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Build:
     build = get_build(session, build_id, lock=True)
-    if build.state == BuildState.succeeded:
-        if build.artifact_sha256 != outcome.artifact_sha256:
-            raise Conflict(f"build {build_id} already succeeded with another artifact")
-        return build
-    if build.state != BuildState.building:
-        raise Conflict(f"build {build_id} is {build.state}, not building")
+    if build.state == BuildState.succeeded and build.artifact_sha256 == outcome.artifact_sha256:
+        return build  # the same completion again: its response was lost on the wire
+    build = held_build(session, build_id, outcome.lease)
     if outcome.report.key != build.key:
         raise InvalidInput(f"report key {outcome.report.key} is not build {build.key}")
     build.artifact_sha256 = outcome.artifact_sha256
     build.report = outcome.report.model_dump(mode="json")
+    build.lease_token = None
+    build.lease_expires_at = None
     build.stage = "done"
     build.progress = 1.0
     build.finished_at = datetime.now(UTC)
@@ -119,38 +144,101 @@ def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Bu
     return build
 
 
-def fail_build(session: Session, build_id: int, reason: str) -> Build:
-    build = get_build(session, build_id, lock=True)
-    if build.state == BuildState.succeeded:
-        raise Conflict(f"build {build_id} already succeeded")
+def fail_build(session: Session, build_id: int, failure: BuildFailure) -> Build:
+    """The worker holding the build gives up on it, saying why."""
+    return _fail(session, held_build(session, build_id, failure.lease), failure.reason)
+
+
+def _fail(session: Session, build: Build, reason: str) -> Build:
+    """Fail the build and every run that was to measure it (a failed build measures nothing)."""
     build.error = reason
     build.finished_at = datetime.now(UTC)
     build.updated_at = build.finished_at
+    build.lease_token = None
+    build.lease_expires_at = None
     move(session, "build", build, BuildState.failed, reason)
-    waiting = session.scalars(
-        select(Run).where(Run.build_id == build_id, Run.state == RunState.waiting_build)
+    unfinished = session.scalars(
+        select(Run)
+        .where(
+            Run.build_id == build.id,
+            Run.state.in_([RunState.waiting_build, RunState.queued, RunState.running]),
+        )
+        .with_for_update()
     ).all()
-    for run in waiting:
-        run.failure_reason = f"build {build_id} failed: {reason}"
+    for run in unfinished:
+        run.failure_reason = f"build {build.id} failed: {reason}"
         run.finished_at = build.finished_at
+        run.lease_expires_at = None
         move(session, "run", run, RunState.failed, run.failure_reason)
-    refresh_sweeps_of_build(session, build_id)
+    refresh_sweeps_of_build(session, build.id)
     return build
 
 
+def abandon_build(session: Session, build_id: int, reason: str, by: str) -> Build:
+    """An operator fails a build in any state, a succeeded one included (a bad artifact)."""
+    build = get_build(session, build_id, lock=True)
+    if build.state == BuildState.failed:
+        raise Conflict(f"build {build_id} has already failed")
+    return _fail(session, build, f"failed by {by}: {reason}")
+
+
+def rebuild(session: Session, build_id: int, reason: str, by: str) -> Build:
+    """An operator has a build made again: its artifact is dropped, its runs wait for the new one."""
+    build = get_build(session, build_id, lock=True)
+    if build.state == BuildState.queued:
+        raise Conflict(f"build {build_id} is already queued")
+    build.report = None
+    build.artifact_sha256 = None
+    build.error = None
+    build.stage = None
+    build.progress = 0.0
+    build.attempts = 0
+    build.lease_token = None
+    build.lease_expires_at = None
+    build.updated_at = datetime.now(UTC)
+    move(session, "build", build, BuildState.queued, f"rebuild requested by {by}: {reason}")
+    runs = session.scalars(
+        select(Run).where(Run.build_id == build.id, Run.state == RunState.queued).with_for_update()
+    ).all()
+    for run in runs:
+        move(session, "run", run, RunState.waiting_build, f"build {build.id} is being rebuilt")
+    enqueue_build(session, build.id)
+    refresh_sweeps_of_build(session, build.id)
+    return build
+
+
+def expire_build_leases(session: Session, max_attempts: int) -> list[int]:
+    """Builds whose worker stopped renewing its lease (killed, partitioned): queued again, or
+    failed after their last attempt. Returns the ids queued again (to be sent to a worker)."""
+    now = datetime.now(UTC)
+    expired = session.scalars(
+        select(Build)
+        .where(Build.state == BuildState.building, Build.lease_expires_at < now)
+        .with_for_update(skip_locked=True)
+    ).all()
+    requeued = []
+    for build in expired:
+        silent = f"{build.worker} stopped renewing its lease"
+        if build.attempts >= max_attempts:
+            _fail(session, build, f"{silent}; gave up after {build.attempts} attempts")
+            continue
+        build.lease_token = None
+        build.lease_expires_at = None
+        build.stage = None
+        build.progress = 0.0
+        build.updated_at = now
+        move(session, "build", build, BuildState.queued, f"{silent}; queued again")
+        requeued.append(build.id)
+    return requeued
+
+
 def builds_to_reenqueue(session: Session, older_than_seconds: float) -> list[int]:
-    """Queued builds whose message may have been lost, and building ones whose worker went quiet."""
+    """Queued builds no worker has started lately: their message may have been lost."""
     now = datetime.now(UTC)
     stale = session.scalars(
         select(Build.id).where(
-            (
-                (Build.state == BuildState.queued)
-                & (Build.updated_at < _seconds_before(now, older_than_seconds))
-            )
-            | (
-                (Build.state == BuildState.building)
-                & (Build.updated_at < _seconds_before(now, BUILDER_SILENCE_SECONDS))
-            ),
+            Build.state == BuildState.queued,
+            Build.updated_at < _seconds_before(now, older_than_seconds),
         )
     ).all()
     if stale:

@@ -4,7 +4,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from decodebench.contracts.api import CalibrationView, ProfileDetail, ProfileView
-from server.auth import SessionDep, UserToken
+from server.auth import AdminToken, SessionDep, UserToken
 from server.errors import AUTHENTICATED_ERRORS
 from server.paths import DeviceClass
 from server.profiles import service
@@ -43,9 +43,10 @@ def get_profile(device_class: DeviceClass, token: UserToken, session: SessionDep
 
 @router.post("/{device_class}/calibrations", status_code=201, response_model=CalibrationView)
 def calibrate(
-    device_class: DeviceClass, body: CalibrationRequest, token: UserToken, session: SessionDep
+    device_class: DeviceClass, body: CalibrationRequest, token: AdminToken, session: SessionDep
 ) -> CalibrationView:
-    """Fit the device class's profile to its succeeded runs and make it current."""
+    """Fit the device class's profile to its succeeded runs and make it current (every user's
+    predictions change, so this takes an admin token)."""
     calibration = service.calibrate(
         session, device_class, token.name, include_simulated=body.include_simulated
     )

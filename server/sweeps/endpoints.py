@@ -4,7 +4,7 @@ from fastapi import APIRouter
 
 from decodebench.contracts.api import SweepDetail, SweepOverview
 from decodebench.contracts.domain import SweepSpec
-from server.auth import SessionDep, UserToken
+from server.auth import SessionDep, SubmitToken, UserToken
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS
 from server.paths import RowId
@@ -15,7 +15,7 @@ router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=AUTHENTIC
 
 
 @router.post("", status_code=201, response_model=SweepDetail)
-def submit_sweep(spec: SweepSpec, token: UserToken, session: SessionDep) -> SweepDetail:
+def submit_sweep(spec: SweepSpec, token: SubmitToken, session: SessionDep) -> SweepDetail:
     sweep = service.submit_sweep(session, spec, token.name, get_settings().toolchain)
     return sweep_detail(session, service.get_sweep(session, sweep.id))
 

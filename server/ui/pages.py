@@ -18,7 +18,7 @@ from server.auth import UI_COOKIE, SessionDep, lookup_token
 from server.builds.diff import diff_builds
 from server.config import get_settings
 from server.errors import Conflict
-from server.models import ApiToken, TokenKind
+from server.models import ApiToken, Scope, TokenKind
 from server.paths import DeviceClass, RowId
 from server.profiles import service as profiles_service
 from server.profiles.views import current_profile_views
@@ -138,6 +138,15 @@ async def calibrate_profile(
 ) -> Response:
     form = await request.form()
     include_simulated = form.get("include_simulated") == "1"
+    if Scope.admin.value not in user.scopes:
+        return _render(
+            request,
+            "profiles.html",
+            status_code=403,
+            user=user,
+            profiles=current_profile_views(session),
+            error="Calibrating changes every user's predictions: it needs an admin token.",
+        )
     try:
         profiles_service.calibrate(
             session, device_class, user.name, include_simulated=include_simulated
