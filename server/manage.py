@@ -60,12 +60,13 @@ def revoke_tokens_command(name: str) -> int:
     from server.models import ApiToken
 
     with get_sessionmaker().begin() as session:
-        revoked = session.execute(
+        revoked = session.scalars(
             update(ApiToken)
             .where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
             .values(revoked_at=func.now())
-        )
-        return int(revoked.rowcount)
+            .returning(ApiToken.id)
+        ).all()
+        return len(revoked)
 
 
 def main(argv: list[str] | None = None) -> int:

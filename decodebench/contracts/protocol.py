@@ -188,7 +188,7 @@ class BuildStart(Contract):
     proceed: bool
     state: str
     lease: str | None = Field(default=None, description="Send it with every later report")
-    lease_seconds: int | None = Field(default=None, description="Renew before it runs out")
+    lease_seconds: float | None = Field(default=None, description="Renew before it runs out")
 
 
 class WorkerIdentity(Incoming):
