@@ -48,6 +48,7 @@ class IosDriverOptions:
     capture_syslog: bool = True
     models_kept: int = 2
     discovery_timeout_s: float = 15.0
+    ddi_folder: Path | None = None  # developer disk images to mount from (never downloaded)
 
 
 @dataclass

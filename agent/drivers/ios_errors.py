@@ -36,10 +36,33 @@ NOT_PAIRED = "not paired"
 DEVELOPER_MODE_OFF = "developer mode off"
 DISCONNECTED = "disconnected"
 USBMUXD_DOWN = "usbmuxd unreachable"
+PROFILE_UNTRUSTED = "developer profile not trusted"
+DDI_NOT_MOUNTED = "developer disk image not mounted"
+NO_TUNNEL = "no tunnel (iOS 17+)"
 
 _LOCKED_HINT = "unlock it, and keep Auto-Lock off (Settings > Display & Brightness)"
 _DEVELOPER_MODE_HINT = "turn it on in Settings > Privacy & Security > Developer Mode (reboots)"
 _PAIRING_HINT = "pair it with this host (`pymobiledevice3 lockdown pair`) and tap Trust"
+_PROFILE_HINT = (
+    "on the phone, trust the harness's developer in Settings > General > VPN & Device Management"
+)
+_TUNNEL_HINT = "start `sudo pymobiledevice3 remote tunneld` on this host and keep it running"
+_DDI_HINT = (
+    "put Xcode's developer disk images in the folder given by --ddi-folder "
+    "(DeviceSupport/<version>/ before iOS 17, Personalized/ from iOS 17) and run `agent doctor`"
+)
+
+# One line an operator can act on, per device status a failure can leave.
+FIXES = {
+    LOCKED: _LOCKED_HINT,
+    NOT_PAIRED: _PAIRING_HINT,
+    DEVELOPER_MODE_OFF: _DEVELOPER_MODE_HINT,
+    DISCONNECTED: "check the USB cable and hub; the device must show in `pymobiledevice3 usbmux list`",
+    USBMUXD_DOWN: "start usbmuxd (on macOS it is always running; on Linux `systemctl start usbmuxd`)",
+    PROFILE_UNTRUSTED: _PROFILE_HINT,
+    DDI_NOT_MOUNTED: _DDI_HINT,
+    NO_TUNNEL: _TUNNEL_HINT,
+}
 
 CONNECTION_LOST = (
     ConnectionTerminatedError,
@@ -102,7 +125,8 @@ def device_error(
         )
     if isinstance(error, TunneldConnectionError):
         return LaunchError(
-            f"launching on device {udid} needs a tunnel (iOS 17+): start `sudo pymobiledevice3 remote tunneld`"
+            f"tunneld is not reachable while {step} on device {udid} (iOS 17+): {_TUNNEL_HINT}",
+            device_status=NO_TUNNEL,
         )
     if isinstance(error, CONNECTION_LOST):
         return DriverError(
@@ -128,9 +152,29 @@ def launch_refusal(message: str, udid: str) -> DriverError:
         return LaunchError(
             f"device {udid} refused to launch the harness: {message}", device_status=LOCKED
         )
+    if "not been explicitly trusted" in lowered or "invalid code signature" in lowered:
+        return LaunchError(
+            f"device {udid} denied the launch: {message}; {_PROFILE_HINT}",
+            device_status=PROFILE_UNTRUSTED,
+        )
     if "developer" in lowered:
         return LaunchError(
             f"device {udid} refused to launch the harness: {message}; {_DEVELOPER_MODE_HINT}",
             device_status=DEVELOPER_MODE_OFF,
         )
     return LaunchError(f"device {udid} refused to launch the harness: {message}")
+
+
+def no_tunnel(udid: str, tunneld: tuple[str, int]) -> DriverError:
+    return LaunchError(
+        f"tunneld at {tunneld[0]}:{tunneld[1]} has no tunnel to device {udid}; iOS 17+ launches "
+        f"go through it: {_TUNNEL_HINT}",
+        device_status=NO_TUNNEL,
+    )
+
+
+def ddi_error(udid: str, problem: str) -> DriverError:
+    return DriverError(
+        f"the developer disk image is not mounted on device {udid}: {problem}",
+        device_status=DDI_NOT_MOUNTED,
+    )

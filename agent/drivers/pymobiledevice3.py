@@ -7,7 +7,8 @@
 - Install: installation_proxy installs the harness .ipa when missing or of another version; the
   build's .mlpackage goes over house_arrest/AFC into the app's Documents
   (`models/<sha256>/model.mlpackage`, then a `complete` marker), once per artifact.
-- A run: push job.json, launch (a `Launcher`: DVT on real phones), poll for the `done` marker,
+- Prepare: the developer disk image is mounted from the operator's folder when it is not.
+- A run: push job.json, launch (a `Launcher`: DVT), poll for the `done` marker,
   pull results.json (checked against the marker's digest); the harness's syslog lines are
   captured for the run's log.
 
@@ -25,9 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from pymobiledevice3 import usbmux
 from pymobiledevice3.exceptions import PasswordRequiredError, PyMobileDevice3Exception
-from pymobiledevice3.lockdown import LockdownClient, create_using_usbmux
+from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
 
@@ -35,21 +35,10 @@ from agent.artifacts import PackageCache, directory_bytes
 from agent.drivers import ios_container as container
 from agent.drivers.aio import LoopThread
 from agent.drivers.base import Cancellation, DriverError, InstalledModel, RunCancelled
-from agent.drivers.ios_device import (
-    DeviceRecord,
-    IosDriverOptions,
-    UnknownDevice,
-    device_info,
-    ipa_version,
-)
-from agent.drivers.ios_errors import (
-    CONNECTION_LOST,
-    DEVELOPER_MODE_OFF,
-    DISCONNECTED,
-    LOCKED,
-    NOT_PAIRED,
-    device_error,
-)
+from agent.drivers.ios_ddi import ensure_mounted
+from agent.drivers.ios_device import DeviceRecord, IosDriverOptions, ipa_version
+from agent.drivers.ios_discovery import DeviceDirectory
+from agent.drivers.ios_errors import DEVELOPER_MODE_OFF, LOCKED, NOT_PAIRED, device_error
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
 from decodebench.harness import (
@@ -71,116 +60,28 @@ LOG_TAIL_LINES = 40
 
 class Pymobiledevice3Driver:
     def __init__(self, options: IosDriverOptions, launcher: Launcher) -> None:
-        from agent.drivers.usbmux_watch import UsbmuxWatcher
-
         self.options = options
         self.name = options.driver_name
         self.launcher = launcher
-        self._devices: dict[str, DeviceRecord] = {}
         self._packages = PackageCache(options.work_dir / "packages")
-        self._pair_records = options.work_dir / "pair-records"
         self._ipa = ipa_version(options.harness_ipa) if options.harness_ipa else None
         if self._ipa is not None and self._ipa[0] != options.bundle_id:
             raise DriverError(
                 f"{options.harness_ipa} is {self._ipa[0]}, not the harness {options.bundle_id}"
             )
         self._loop = LoopThread(f"{self.name}-driver")
-        self._watcher = UsbmuxWatcher(options.usbmux_address, self._attached, self._detached)
-        self._identifying: set[asyncio.Future[Any]] = set()
-        self._watch_task = self._loop.spawn(self._watcher.run())
-        self._wait_for_first_inventory()
-
-    # discovery
-
-    def _wait_for_first_inventory(self) -> None:
-        """Until every device usbmuxd lists now has been identified (or given up on)."""
-
-        async def settle() -> None:
-            await self._watcher.listening.wait()
-            try:
-                listed = await usbmux.list_devices(usbmux_address=self.options.usbmux_address)
-            except (PyMobileDevice3Exception, OSError):
-                return
-            while not all(self._identified(entry.serial) for entry in listed):
-                await asyncio.sleep(0.02)
-
-        try:
-            self._loop.run(settle(), timeout_s=self.options.discovery_timeout_s)
-        except TimeoutError:
-            log.warning(
-                "device discovery still in progress after %g s", self.options.discovery_timeout_s
-            )
-
-    def _identified(self, udid: str) -> bool:
-        device = self._devices.get(udid)
-        return device is not None and device.identified
-
-    async def _attached(self, udid: str) -> None:
-        task = asyncio.ensure_future(self._identify(udid))
-        self._identifying.add(task)
-        task.add_done_callback(self._identifying.discard)
-
-    async def _detached(self, udid: str) -> None:
-        device = self._devices.get(udid)
-        if device is not None:
-            device.note("detached from usbmuxd")
-            self._stop_syslog(device)
-
-    async def _identify(self, udid: str) -> None:
-        device = self._devices.setdefault(udid, DeviceRecord(udid))
-        try:
-            await self._read_identity(device)
-        finally:
-            device.identified = True
-
-    async def _read_identity(self, device: DeviceRecord) -> None:
-        udid = device.udid
-        for attempt in range(3):
-            try:
-                async with self._lockdown(udid) as lockdown:
-                    values = lockdown.all_values
-            except (PyMobileDevice3Exception, *CONNECTION_LOST, OSError) as error:
-                device.problem = f"cannot read its identity: {type(error).__name__}: {error}"
-                await asyncio.sleep(0.5 * (attempt + 1))
-                continue
-            try:
-                device.info = device_info(udid, values, self.name, self.options.simulated)
-            except UnknownDevice as error:
-                device.problem = str(error)
-                log.warning("device %s ignored: %s", udid, device.problem)
-                return
-            device.problem = ""
-            log.info(
-                "device %s is a %s (%s, iOS %s)",
-                udid,
-                device.info.device_class,
-                device.info.product_type,
-                device.info.os_version,
-            )
-            return
-        log.warning("device %s ignored: %s", udid, device.problem)
+        self._directory = DeviceDirectory(options, self._loop)
+        self._directory.on_detached.append(self._stop_syslog)
+        self._devices = self._directory.devices
+        self._watcher = self._directory.watcher
 
     def discover(self) -> list[DeviceInfo]:
-        return [
-            device.info
-            for udid, device in sorted(list(self._devices.items()))  # a copy: the loop adds
-            if device.info is not None and self._watcher.is_attached(udid)
-        ]
+        return self._directory.discover()
 
     # the sync/async seam
 
-    @contextlib.asynccontextmanager
-    async def _lockdown(self, udid: str) -> AsyncIterator[LockdownClient]:
-        lockdown = await create_using_usbmux(
-            serial=udid,
-            autopair=False,
-            usbmux_address=self.options.usbmux_address,
-            pairing_records_cache_folder=self._pair_records,
-        )
-        try:
-            yield lockdown
-        finally:
-            await lockdown.close()
+    def _lockdown(self, udid: str) -> contextlib.AbstractAsyncContextManager[LockdownClient]:
+        return self._directory.lockdown(udid)
 
     @contextlib.asynccontextmanager
     async def _documents(self, lockdown: LockdownClient) -> AsyncIterator[HouseArrestService]:
@@ -189,12 +90,7 @@ class Pymobiledevice3Driver:
             yield afc
 
     def _record(self, device: DeviceInfo) -> DeviceRecord:
-        record = self._devices.get(device.udid)
-        if record is None or not self._watcher.is_attached(device.udid):
-            raise DriverError(
-                f"device {device.udid} is not attached to this host", device_status=DISCONNECTED
-            )
-        return record
+        return self._directory.record(device)
 
     def _step(
         self,
@@ -216,25 +112,10 @@ class Pymobiledevice3Driver:
         except (DriverError, RunCancelled, ValidationError):
             raise
         except Exception as error:
-            attached = self._loop.run(self._still_attached(udid, detaches), timeout_s=10)
+            attached = self._loop.run(self._directory.still_attached(udid, detaches), timeout_s=10)
             raise device_error(
                 error, udid, step, attached=attached, usbmux=self.options.usbmux_address
             ) from error
-
-    async def _still_attached(self, udid: str, detaches_before: int) -> bool:
-        """Whether the device stayed plugged in; usbmuxd may learn of an unplug just after the
-        connection broke, so a yes is confirmed once more a moment later."""
-        for delay_s in (0.0, 0.5):
-            await asyncio.sleep(delay_s)
-            if self._watcher.detach_count.get(udid, 0) != detaches_before:
-                return False
-            try:
-                listed = await usbmux.list_devices(usbmux_address=self.options.usbmux_address)
-            except (PyMobileDevice3Exception, OSError):
-                return False
-            if not any(entry.matches_udid(udid) for entry in listed):
-                return False
-        return True
 
     # health
 
@@ -281,7 +162,12 @@ class Pymobiledevice3Driver:
         status = self.health(device).status
         if status != READY:
             raise DriverError(f"device {device.udid} is not ready: {status}", device_status=status)
-        record.note("prepared: paired, developer mode on, unlocked")
+        mounted = self._step(
+            device,
+            "mounting the developer disk image",
+            lambda lockdown: ensure_mounted(lockdown, self.options.ddi_folder),
+        )
+        record.note(f"prepared: paired, developer mode on, unlocked; {mounted}")
 
     def install(self, device: DeviceInfo, artifact_path: Path) -> InstalledModel:
         record = self._record(device)
@@ -439,6 +325,8 @@ class Pymobiledevice3Driver:
                 parts += [
                     f"{HARNESS_LOG}: {line}" for line in harness_log.splitlines()[-LOG_TAIL_LINES:]
                 ]
+        output = self.launcher.output(device.udid)
+        parts += [f"dvt output: {line}" for line in output[-LOG_TAIL_LINES:]]
         parts += [f"syslog: {line}" for line in record.syslog[-LOG_TAIL_LINES:]]
         return "\n".join(parts)
 
@@ -483,5 +371,5 @@ class Pymobiledevice3Driver:
             self._loop.loop.call_soon_threadsafe(task.cancel)
 
     def close(self) -> None:
-        self._watch_task.cancel()
+        self._directory.watch_task.cancel()
         self._loop.stop()
