@@ -40,7 +40,7 @@ class EmulatedDriver(Pymobiledevice3Driver):
     ) -> None:
         self.fleet = fleet
         self.owns_fleet = owns_fleet
-        super().__init__(options, DvtLauncher(fleet.tunneld_address))
+        super().__init__(options, DvtLauncher(options.tunneld_address))
 
     def close(self) -> None:
         super().close()
@@ -84,6 +84,7 @@ def driver_for_fleet(
         "usbmux_address": fleet.address,
         "harness_ipa": make_harness_ipa(work_dir / "DecodebenchHarness.ipa"),
         "ddi_folder": write_ddi_folder(work_dir / "ddi"),
+        "tunneld_address": fleet.tunneld_address,
         "driver_name": DRIVER_NAME,
         "simulated": True,
         "poll_interval_s": poll_interval_s,

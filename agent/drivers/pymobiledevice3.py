@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from pymobiledevice3.exceptions import PasswordRequiredError, PyMobileDevice3Exception
 from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
@@ -35,10 +34,11 @@ from agent.artifacts import PackageCache, directory_bytes
 from agent.drivers import ios_container as container
 from agent.drivers.aio import LoopThread
 from agent.drivers.base import Cancellation, DriverError, InstalledModel, RunCancelled
+from agent.drivers.ios_checks import CheckContext, device_checks, profile_check, status_of
 from agent.drivers.ios_ddi import ensure_mounted
 from agent.drivers.ios_device import DeviceRecord, IosDriverOptions, ipa_version
 from agent.drivers.ios_discovery import DeviceDirectory
-from agent.drivers.ios_errors import DEVELOPER_MODE_OFF, LOCKED, NOT_PAIRED, device_error
+from agent.drivers.ios_errors import PROFILE_UNTRUSTED, LaunchError, device_error
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
 from decodebench.harness import (
@@ -48,7 +48,7 @@ from decodebench.harness import (
     HarnessJob,
     package_path,
 )
-from decodebench.protocol import DeviceInfo, RunResult
+from decodebench.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
 
 log = logging.getLogger(__name__)
 
@@ -120,37 +120,54 @@ class Pymobiledevice3Driver:
     # health
 
     def health(self, device: DeviceInfo) -> DeviceInfo:
+        """`device` with its battery, status and failed checks (each with its fix)."""
         try:
-            self._record(device)
-            return self._step(
-                device, "checking its health", lambda lockdown: self._health(device, lockdown), 30
-            )
+            record = self._record(device)
+            checks = self.checks(device, None)
         except DriverError as error:
             status = error.device_status or f"unreachable: {error}"
             return device.model_copy(update={"status": status[:64]})
-
-    async def _health(self, device: DeviceInfo, lockdown: LockdownClient) -> DeviceInfo:
-        update: dict[str, Any] = {"status": READY}
-        with contextlib.suppress(PyMobileDevice3Exception):
-            battery = await lockdown.get_value("com.apple.mobile.battery")
-            if isinstance(battery, dict):
-                level = battery.get("BatteryCurrentCapacity")
-                update["battery_level"] = int(level) if isinstance(level, int) else None
-                update["charging"] = bool(
-                    battery.get("BatteryIsCharging") or battery.get("ExternalConnected")
-                )
-        if not lockdown.paired:
-            update["status"] = NOT_PAIRED
-        elif lockdown.has_developer_mode and not await lockdown.get_developer_mode_status():
-            update["status"] = DEVELOPER_MODE_OFF
-        else:
-            try:
-                probe = HouseArrestService(lockdown)
-                await probe.connect()
-                await probe.close()
-            except PasswordRequiredError:
-                update["status"] = LOCKED
+        checks.append(profile_check(record.launch_problem))
+        update: dict[str, Any] = {
+            "status": status_of(checks, can_mount=self.options.ddi_folder is not None),
+            "failed_checks": [item for item in checks if item.ok is False],
+        }
+        update.update(self._battery(device))
         return device.model_copy(update=update)
+
+    def checks(
+        self,
+        device: DeviceInfo,
+        largest_model_bytes: int | None,
+        thermal_state: ThermalState = ThermalState.unknown,
+    ) -> list[DeviceCheck]:
+        """Every precondition of `device` (see ios_checks); DriverError when it is unreachable."""
+        context = CheckContext(
+            bundle_id=self.options.bundle_id,
+            ipa_version=self._ipa,
+            tunneld=self.options.tunneld_address,
+            largest_model_bytes=largest_model_bytes,
+            min_battery=self.options.min_battery,
+            thermal_state=thermal_state,
+        )
+        return self._step(
+            device, "checking it", lambda lockdown: device_checks(lockdown, context), 60
+        )
+
+    def _battery(self, device: DeviceInfo) -> dict[str, Any]:
+        async def read(lockdown: LockdownClient) -> dict[str, Any]:
+            battery = await lockdown.get_value("com.apple.mobile.battery") or {}
+            level = battery.get("BatteryCurrentCapacity")
+            return {
+                "battery_level": int(level) if isinstance(level, int) else None,
+                "charging": bool(
+                    battery.get("BatteryIsCharging") or battery.get("ExternalConnected")
+                ),
+            }
+
+        with contextlib.suppress(DriverError):
+            return self._step(device, "reading its battery", read, 30)
+        return {}
 
     # the run
 
@@ -258,7 +275,13 @@ class Pymobiledevice3Driver:
                 {"DECODEBENCH_RUN_ID": str(job.run_id)},
             )
 
-        record.pid = self._step(device, "launching the harness", launch)
+        try:
+            record.pid = self._step(device, "launching the harness", launch)
+        except LaunchError as error:
+            if error.device_status == PROFILE_UNTRUSTED:
+                record.launch_problem = str(error)
+            raise
+        record.launch_problem = None
         record.note(
             f"launched {self.options.bundle_id} (pid {record.pid}) with {self.launcher.name}"
         )

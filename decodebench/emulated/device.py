@@ -240,6 +240,12 @@ class EmulatedDevice:
                 "ExternalChargeCapable": condition.charging,
                 "FullyCharged": condition.battery_level >= 100,
             }
+        if domain == "com.apple.disk_usage":
+            return {
+                "TotalDataCapacity": 256 * 10**9,
+                "TotalDataAvailable": condition.free_bytes,
+                "AmountDataAvailable": condition.free_bytes,
+            }
         if domain == "com.apple.security.mac.amfi":
             return {"DeveloperModeStatus": condition.developer_mode}
         return None
