@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import Version
 from pymobiledevice3.exceptions import PasswordRequiredError, PyMobileDevice3Exception
@@ -18,7 +19,7 @@ from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
 
-from agent.drivers.ios_ddi import is_mounted
+from agent.drivers.ios_ddi import classic_image, is_mounted, personalized_image
 from agent.drivers.ios_errors import (
     DDI_NOT_MOUNTED,
     DEVELOPER_MODE_OFF,
@@ -52,10 +53,19 @@ class CheckContext:
     largest_model_bytes: int | None  # None: the queue is unknown
     min_battery: int = 20
     thermal_state: ThermalState = ThermalState.unknown
+    ddi_folder: Path | None = None
 
 
 def check(name: str, ok: bool | None, detail: str, fix: str = "") -> DeviceCheck:
     return DeviceCheck(name=name, ok=ok, detail=detail[:512], fix="" if ok else fix[:512])
+
+
+PROBE_NAMES = {
+    "_developer_disk_image": "developer disk image",
+    "_tunnel": "tunnel",
+    "_harness": "harness app",
+    "_battery_and_space": "battery",
+}
 
 
 def status_of(checks: list[DeviceCheck], can_mount: bool) -> str:
@@ -120,7 +130,7 @@ async def _guarded(
     lockdown: LockdownClient,
     context: CheckContext,
 ) -> list[DeviceCheck]:
-    name = probe.__name__.strip("_").replace("_", " ")
+    name = PROBE_NAMES[probe.__name__]
     try:
         return await probe(lockdown, context)
     except PasswordRequiredError:
@@ -142,11 +152,22 @@ async def _screen_lock(lockdown: LockdownClient) -> DeviceCheck:
 async def _developer_disk_image(
     lockdown: LockdownClient, context: CheckContext
 ) -> list[DeviceCheck]:
-    mounted = await is_mounted(lockdown)
-    kind = "personalized" if Version(lockdown.product_version) >= Version("17.0") else "classic"
-    detail = f"{kind} image {'mounted' if mounted else 'not mounted'}"
+    version = lockdown.product_version
+    personalized = Version(version) >= Version("17.0")
+    kind = "personalized" if personalized else "classic"
+    if await is_mounted(lockdown):
+        return [check("developer disk image", True, f"{kind} image mounted")]
+    folder = context.ddi_folder
     fix = FIXES[DDI_NOT_MOUNTED].replace("and run `agent doctor`", "and start the agent")
-    return [check("developer disk image", mounted, detail, fix)]
+    if folder is None:
+        return [check("developer disk image", False, f"{kind} image not mounted", fix)]
+    try:
+        found = personalized_image(folder)[0] if personalized else classic_image(folder, version)[0]
+    except FileNotFoundError as missing:
+        return [check("developer disk image", False, f"not mounted, and {missing}", fix)]
+    return [
+        check("developer disk image", True, f"not mounted yet; the agent mounts {found} at a run")
+    ]
 
 
 async def _tunnel(lockdown: LockdownClient, context: CheckContext) -> list[DeviceCheck]:
@@ -171,17 +192,16 @@ async def _harness(lockdown: LockdownClient, context: CheckContext) -> list[Devi
     async with InstallationProxyService(lockdown) as proxy:
         apps = await proxy.get_apps(application_type="User", bundle_identifiers=[context.bundle_id])
     app = apps.get(context.bundle_id)
-    install = (
-        "build it from ios_harness/ and give the agent --harness-ipa; it installs it"
-        if context.ipa_version is None
-        else "start the agent: it installs its --harness-ipa"
-    )
+    install = "build it from ios_harness/ and give the agent --harness-ipa; it installs it"
+    if app is None and context.ipa_version is not None:
+        wanted = f"{context.ipa_version[1]} ({context.ipa_version[2]})"
+        return [check("harness app", True, f"not installed; the agent installs {wanted} at a run")]
     if app is None:
         return [check("harness app", False, f"{context.bundle_id} is not installed", install)]
     installed = (str(app.get("CFBundleShortVersionString")), str(app.get("CFBundleVersion")))
     protocol = app.get("DecodebenchHarnessProtocol")
     detail = f"{context.bundle_id} {installed[0]} ({installed[1]}), protocol {protocol}"
-    if protocol != HARNESS_PROTOCOL_VERSION:
+    if protocol != HARNESS_PROTOCOL_VERSION and context.ipa_version is None:
         return [
             check(
                 "harness app",
@@ -192,14 +212,7 @@ async def _harness(lockdown: LockdownClient, context: CheckContext) -> list[Devi
         ]
     if context.ipa_version is not None and installed != context.ipa_version[1:]:
         wanted = f"{context.ipa_version[1]} ({context.ipa_version[2]})"
-        return [
-            check(
-                "harness app",
-                False,
-                f"{detail}; the agent's .ipa is {wanted}",
-                "start the agent: it installs its --harness-ipa over the old one",
-            )
-        ]
+        return [check("harness app", True, f"{detail}; the agent installs {wanted} over it")]
     return [check("harness app", True, detail)]
 
 
@@ -224,7 +237,9 @@ async def _battery_and_space(lockdown: LockdownClient, context: CheckContext) ->
         checks.append(check("free space", None, "the phone does not report its free space"))
     elif context.largest_model_bytes is None:
         checks.append(
-            check("free space", None, f"{free / 1e9:.1f} GB free; the queue's models: unknown")
+            check(
+                "free space", None, f"{free / 1e9:.1f} GB free; the queue's largest model: unknown"
+            )
         )
     else:
         needed = SPACE_FACTOR * context.largest_model_bytes

@@ -149,6 +149,7 @@ class Pymobiledevice3Driver:
             largest_model_bytes=largest_model_bytes,
             min_battery=self.options.min_battery,
             thermal_state=thermal_state,
+            ddi_folder=self.options.ddi_folder,
         )
         return self._step(
             device, "checking it", lambda lockdown: device_checks(lockdown, context), 60
