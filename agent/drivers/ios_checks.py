@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 from pymobiledevice3.exceptions import PasswordRequiredError, PyMobileDevice3Exception
@@ -216,10 +217,19 @@ async def _harness(lockdown: LockdownClient, context: CheckContext) -> list[Devi
     return [check("harness app", True, detail)]
 
 
-async def _battery_and_space(lockdown: LockdownClient, context: CheckContext) -> list[DeviceCheck]:
+async def battery_values(lockdown: LockdownClient) -> dict[str, Any]:
+    """DeviceInfo's battery_level and charging, from lockdown."""
     battery = await lockdown.get_value("com.apple.mobile.battery") or {}
     level = battery.get("BatteryCurrentCapacity")
-    charging = bool(battery.get("BatteryIsCharging") or battery.get("ExternalConnected"))
+    return {
+        "battery_level": int(level) if isinstance(level, int) else None,
+        "charging": bool(battery.get("BatteryIsCharging") or battery.get("ExternalConnected")),
+    }
+
+
+async def _battery_and_space(lockdown: LockdownClient, context: CheckContext) -> list[DeviceCheck]:
+    values = await battery_values(lockdown)
+    level, charging = values["battery_level"], values["charging"]
     battery_ok = charging or (isinstance(level, int) and level >= context.min_battery)
     checks = [
         check(

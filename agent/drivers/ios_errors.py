@@ -30,39 +30,24 @@ from pymobiledevice3.exceptions import (
 )
 
 from agent.drivers.base import DriverError
-
-LOCKED = "locked"
-NOT_PAIRED = "not paired"
-DEVELOPER_MODE_OFF = "developer mode off"
-DISCONNECTED = "disconnected"
-USBMUXD_DOWN = "usbmuxd unreachable"
-PROFILE_UNTRUSTED = "developer profile not trusted"
-DDI_NOT_MOUNTED = "developer disk image not mounted"
-NO_TUNNEL = "no tunnel (iOS 17+)"
-
-_LOCKED_HINT = "unlock it, and keep Auto-Lock off (Settings > Display & Brightness)"
-_DEVELOPER_MODE_HINT = "turn it on in Settings > Privacy & Security > Developer Mode (reboots)"
-_PAIRING_HINT = "pair it with this host (`pymobiledevice3 lockdown pair`) and tap Trust"
-_PROFILE_HINT = (
-    "on the phone, trust the harness's developer in Settings > General > VPN & Device Management"
+from agent.drivers.ios_fixes import (  # noqa: F401  (statuses are re-exported)
+    DDI_HINT,
+    DDI_NOT_MOUNTED,
+    DEVELOPER_MODE_HINT,
+    DEVELOPER_MODE_OFF,
+    DISCONNECTED,
+    FIXES,
+    KILLED_BY_IOS,
+    LOCKED,
+    LOCKED_HINT,
+    NO_TUNNEL,
+    NOT_PAIRED,
+    PAIRING_HINT,
+    PROFILE_HINT,
+    PROFILE_UNTRUSTED,
+    TUNNEL_HINT,
+    USBMUXD_DOWN,
 )
-_TUNNEL_HINT = "start `sudo pymobiledevice3 remote tunneld` on this host and keep it running"
-_DDI_HINT = (
-    "put Xcode's developer disk images in the folder given by --ddi-folder "
-    "(DeviceSupport/<version>/ before iOS 17, Personalized/ from iOS 17) and run `agent doctor`"
-)
-
-# One line an operator can act on, per device status a failure can leave.
-FIXES = {
-    LOCKED: _LOCKED_HINT,
-    NOT_PAIRED: _PAIRING_HINT,
-    DEVELOPER_MODE_OFF: _DEVELOPER_MODE_HINT,
-    DISCONNECTED: "check the USB cable and hub; the device must show in `pymobiledevice3 usbmux list`",
-    USBMUXD_DOWN: "start usbmuxd (on macOS it is always running; on Linux `systemctl start usbmuxd`)",
-    PROFILE_UNTRUSTED: _PROFILE_HINT,
-    DDI_NOT_MOUNTED: _DDI_HINT,
-    NO_TUNNEL: _TUNNEL_HINT,
-}
 
 CONNECTION_LOST = (
     ConnectionTerminatedError,
@@ -98,17 +83,17 @@ def device_error(
         )
     if isinstance(error, (PasswordRequiredError, PasscodeRequiredError)):
         return DriverError(
-            f"device {udid} is locked (passcode required) while {step}: {_LOCKED_HINT}",
+            f"device {udid} is locked (passcode required) while {step}: {LOCKED_HINT}",
             device_status=LOCKED,
         )
     if isinstance(error, (NotPairedError, InvalidHostIDError, FatalPairingError)):
         return DriverError(
-            f"device {udid} is not paired with this host while {step}: {_PAIRING_HINT}",
+            f"device {udid} is not paired with this host while {step}: {PAIRING_HINT}",
             device_status=NOT_PAIRED,
         )
     if isinstance(error, DeveloperModeIsNotEnabledError):
         return DriverError(
-            f"developer mode is off on device {udid}: {_DEVELOPER_MODE_HINT}",
+            f"developer mode is off on device {udid}: {DEVELOPER_MODE_HINT}",
             device_status=DEVELOPER_MODE_OFF,
         )
     if isinstance(error, AppNotInstalledError):
@@ -125,7 +110,7 @@ def device_error(
         )
     if isinstance(error, TunneldConnectionError):
         return LaunchError(
-            f"tunneld is not reachable while {step} on device {udid} (iOS 17+): {_TUNNEL_HINT}",
+            f"tunneld is not reachable while {step} on device {udid} (iOS 17+): {TUNNEL_HINT}",
             device_status=NO_TUNNEL,
         )
     if isinstance(error, CONNECTION_LOST):
@@ -154,12 +139,12 @@ def launch_refusal(message: str, udid: str) -> DriverError:
         )
     if "not been explicitly trusted" in lowered or "invalid code signature" in lowered:
         return LaunchError(
-            f"device {udid} denied the launch: {message}; {_PROFILE_HINT}",
+            f"device {udid} denied the launch: {message}; {PROFILE_HINT}",
             device_status=PROFILE_UNTRUSTED,
         )
     if "developer" in lowered:
         return LaunchError(
-            f"device {udid} refused to launch the harness: {message}; {_DEVELOPER_MODE_HINT}",
+            f"device {udid} refused to launch the harness: {message}; {DEVELOPER_MODE_HINT}",
             device_status=DEVELOPER_MODE_OFF,
         )
     return LaunchError(f"device {udid} refused to launch the harness: {message}")
@@ -168,7 +153,7 @@ def launch_refusal(message: str, udid: str) -> DriverError:
 def no_tunnel(udid: str, tunneld: tuple[str, int]) -> DriverError:
     return LaunchError(
         f"tunneld at {tunneld[0]}:{tunneld[1]} has no tunnel to device {udid}; iOS 17+ launches "
-        f"go through it: {_TUNNEL_HINT}",
+        f"go through it: {TUNNEL_HINT}",
         device_status=NO_TUNNEL,
     )
 

@@ -11,6 +11,7 @@ The DTX connection of a launch stays open until the run ends, so the device's te
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import logging
@@ -32,6 +33,7 @@ from agent.drivers.ios_errors import launch_refusal, no_tunnel
 log = logging.getLogger(__name__)
 
 OUTPUT_LINES_KEPT = 200
+NOTICE_WAIT_STEPS, NOTICE_WAIT_STEP_S = 50, 0.02
 SIGNALS = {6: "SIGABRT", 9: "SIGKILL", 10: "SIGBUS", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
@@ -184,7 +186,16 @@ class DvtLauncher:
                 return bool(await device_info.is_running_pid(pid))
 
         is_running = await self._with_dvt(lockdown, running)
-        return ProcessState(is_running, "" if is_running else "the process is gone")
+        if is_running:
+            return ProcessState(True)
+        # The termination notice travels on the launch's own connection: give it a moment.
+        for _ in range(NOTICE_WAIT_STEPS):
+            if session is None or session.pid != pid or pid in session.control.ended:
+                break
+            await asyncio.sleep(NOTICE_WAIT_STEP_S)
+        if session is not None and session.pid == pid and pid in session.control.ended:
+            return ProcessState(False, session.control.ended[pid])
+        return ProcessState(False, "the process is gone")
 
     async def kill(self, lockdown: LockdownClient, pid: int) -> None:
         async def kill(dvt: Any) -> None:
@@ -209,8 +220,6 @@ class DvtLauncher:
 
 
 def _spawn_output_reader(process_control: ProcessControl, session: LaunchSession) -> Any:
-    import asyncio
-
     async def read() -> None:
         with contextlib.suppress(Exception):
             async for event in process_control:

@@ -34,11 +34,17 @@ from agent.artifacts import PackageCache, directory_bytes
 from agent.drivers import ios_container as container
 from agent.drivers.aio import LoopThread
 from agent.drivers.base import Cancellation, DriverError, InstalledModel, RunCancelled
-from agent.drivers.ios_checks import CheckContext, device_checks, profile_check, status_of
+from agent.drivers.ios_checks import (
+    CheckContext,
+    battery_values,
+    device_checks,
+    profile_check,
+    status_of,
+)
 from agent.drivers.ios_ddi import ensure_mounted
 from agent.drivers.ios_device import DeviceRecord, IosDriverOptions, ipa_version
 from agent.drivers.ios_discovery import DeviceDirectory
-from agent.drivers.ios_errors import PROFILE_UNTRUSTED, LaunchError, device_error
+from agent.drivers.ios_errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchError, device_error
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
 from decodebench.harness import (
@@ -156,18 +162,8 @@ class Pymobiledevice3Driver:
         )
 
     def _battery(self, device: DeviceInfo) -> dict[str, Any]:
-        async def read(lockdown: LockdownClient) -> dict[str, Any]:
-            battery = await lockdown.get_value("com.apple.mobile.battery") or {}
-            level = battery.get("BatteryCurrentCapacity")
-            return {
-                "battery_level": int(level) if isinstance(level, int) else None,
-                "charging": bool(
-                    battery.get("BatteryIsCharging") or battery.get("ExternalConnected")
-                ),
-            }
-
         with contextlib.suppress(DriverError):
-            return self._step(device, "reading its battery", read, 30)
+            return self._step(device, "reading its battery", battery_values, 30)
         return {}
 
     # the run
@@ -307,7 +303,8 @@ class Pymobiledevice3Driver:
                         state = await self.launcher.state(lockdown, record.pid)
                         if state.running is False and not await container.is_done(afc):
                             raise DriverError(
-                                f"the harness exited without finishing the run ({state.reason})"
+                                f"the harness exited without finishing the run ({state.reason})",
+                                device_status=KILLED_BY_IOS if "SIGKILL" in state.reason else None,
                             )
                     if time.monotonic() > deadline:
                         raise DriverError(f"the harness did not finish within {timeout_s:g} s")

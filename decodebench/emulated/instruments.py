@@ -198,14 +198,15 @@ class InstrumentsConnection:
 
     def _process_ended(self, process: AppProcess) -> None:
         """From any thread: tell the host a process it launched has ended."""
-        if process.pid in self.observed and TERMINATION_CALLBACK in self.host_capabilities:
+        if TERMINATION_CALLBACK in self.host_capabilities:
             self._loop.call_soon_threadsafe(
                 lambda: asyncio.ensure_future(self._notify_ended(process))
             )
 
     async def _notify_ended(self, process: AppProcess) -> None:
+        # Checked here, on the loop: a process may end before its launch call has returned.
         code = next((c for c, name in self.channels.items() if name == PROCESS_CONTROL), None)
-        if code is None:
+        if code is None or process.pid not in self.observed:
             return
         exit_code, signal = process.exit_status()
         try:
