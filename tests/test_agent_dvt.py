@@ -22,8 +22,8 @@ from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, P
 from agent.main import Agent
 from decodebench.client import DecodebenchClient
 from decodebench.emulated.fleet import EmulatedFleet
-from tests.conftest import table_counts
 from tests import test_agent_emulated as emulated
+from tests.conftest import table_counts
 from tests.test_agent_emulated import (
     PROMPTS,
     device_status,
