@@ -112,11 +112,11 @@ async def device_checks(lockdown: LockdownClient, context: CheckContext) -> list
     checks.append(await _screen_lock(lockdown))
     for probe in (_developer_disk_image, _tunnel, _harness, _battery_and_space):
         checks += await _guarded(probe, lockdown, context)
-    hot = context.thermal_state in HOT
+    known = context.thermal_state != ThermalState.unknown
     checks.append(
         check(
             "thermal state",
-            not hot,
+            context.thermal_state not in HOT if known else None,
             context.thermal_state.value
             if context.thermal_state != ThermalState.unknown
             else "unknown before a run (the harness reports it at each run's start and end)",
