@@ -17,6 +17,7 @@ import pytest
 from stack import Stack
 
 from agent.config import AgentSettings
+from agent.doctor import largest_queued_model
 from agent.drivers.emulated import driver_for_fleet
 from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
 from agent.main import Agent
@@ -87,6 +88,7 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
                     state=lambda: sweep_state(client, sweep["id"]),
                 )
                 inventory = {info.udid: info for info in agent.inventory()}
+                largest, unknown = largest_queued_model(settings, stack.tokens["user"])
                 fleet.usbmuxd.attach(ios16.udid)
                 fleet.usbmuxd.attach(ios18.udid)
                 finished = finish(stack, client, sweep["id"], timeout_s=240)
@@ -125,3 +127,9 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
         fixes = {check.name: check.fix for check in inventory[udid].failed_checks}
         assert fixes.get(status), inventory[udid]
     assert statuses[ios16.udid][0] == statuses[ios18.udid][0] == "ready"
+    # doctor sizes the queue from the server: the running sweep's build
+    (build,) = finished["builds"]
+    with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+        report = client.get_build(build["id"])["report"]
+    assert (largest, unknown) == (report["analysis"]["weight_file_bytes"], "")
+    assert largest > 0
