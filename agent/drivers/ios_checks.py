@@ -239,7 +239,7 @@ async def _battery_and_space(lockdown: LockdownClient, context: CheckContext) ->
             f"plug it into a powered hub (runs need {context.min_battery}% or a charger)",
         )
     ]
-    usage = {}
+    usage: dict[str, Any] = {}
     with contextlib.suppress(PyMobileDevice3Exception):
         usage = await lockdown.get_value("com.apple.disk_usage") or {}
     free = usage.get("AmountDataAvailable")
