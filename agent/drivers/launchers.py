@@ -62,6 +62,8 @@ class Launcher(Protocol):
 
     def output(self, udid: str) -> list[str]: ...
 
+    async def close(self) -> None: ...
+
 
 class ObservedProcessControl(ProcessControlService):
     """The process-control channel, keeping the device's termination notices."""
@@ -99,12 +101,13 @@ class LaunchSession:
     )
     reader: Any = None
 
-    async def close(self, lockdown: LockdownClient) -> None:
+    async def close(self) -> None:
         if self.reader is not None:
             self.reader.cancel()
         with contextlib.suppress(Exception):
             await self.dvt.close()
-        if self.provider is not lockdown:
+        # A tunnel's RSD belongs to the session; a lockdown client to the step that made it.
+        if not isinstance(self.provider, LockdownClient):
             with contextlib.suppress(Exception):
                 await self.provider.close()  # type: ignore[attr-defined]
 
@@ -147,7 +150,7 @@ class DvtLauncher:
         environment: dict[str, str],
     ) -> int:
         udid = str(lockdown.udid)
-        await self._end_session(lockdown, udid)
+        await self._end_session(udid)
         provider = await self._provider(lockdown)
         dvt = DvtProvider(provider)
         try:
@@ -205,13 +208,18 @@ class DvtLauncher:
         try:
             await self._with_dvt(lockdown, kill)
         finally:
-            await self._end_session(lockdown, str(lockdown.udid))
+            await self._end_session(str(lockdown.udid))
 
-    async def _end_session(self, lockdown: LockdownClient, udid: str) -> None:
+    async def _end_session(self, udid: str) -> None:
         session = self._sessions.pop(udid, None)
         if session is not None:
             self._outputs[udid] = list(session.output)
-            await session.close(lockdown)
+            await session.close()
+
+    async def close(self) -> None:
+        """End every open launch session (the driver is closing)."""
+        for udid in list(self._sessions):
+            await self._end_session(udid)
 
     def output(self, udid: str) -> list[str]:
         """The app's output lines of its last launch on `udid` (what DVT relayed)."""

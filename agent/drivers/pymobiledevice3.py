@@ -392,5 +392,7 @@ class Pymobiledevice3Driver:
             self._loop.loop.call_soon_threadsafe(task.cancel)
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.run(self.launcher.close(), timeout_s=10)
         self._directory.watch_task.cancel()
         self._loop.stop()
