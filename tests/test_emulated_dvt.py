@@ -157,6 +157,23 @@ def test_a_wrong_image_is_refused_by_the_phone(fleet: EmulatedFleet, tmp_path: P
         asyncio.run(mount())
 
 
+def test_a_personalized_image_the_phone_was_never_personalized_for_is_not_mounted(
+    fleet: EmulatedFleet, ddi_folder: Path
+) -> None:
+    device = fleet.add("iphone-17-pro")
+    fleet.start()
+    (ddi_folder / "Personalized" / "Image.dmg").write_bytes(b"another build" + bytes(100))
+
+    async def mount() -> None:
+        async with lockdown(fleet, device) as client:
+            await ensure_mounted(client, ddi_folder)
+
+    with pytest.raises(DriverError, match="holds no personalization manifest") as caught:
+        asyncio.run(mount())
+    assert "pymobiledevice3 mounter auto-mount" in str(caught.value)  # never Apple's server here
+    assert device.mounted_image is None
+
+
 def test_ios_18_goes_through_tunneld_and_remote_service_discovery(
     fleet: EmulatedFleet, ddi_folder: Path, tmp_path: Path
 ) -> None:
