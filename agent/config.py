@@ -46,6 +46,9 @@ class AgentSettings(BaseModel):
     usbmux_address: str | None = Field(default=None, description="HOST:PORT or socket path")
     harness_ipa: Path | None = None
     tunneld_address: str | None = Field(default=None, description="HOST:PORT of tunneld")
+    ddi_folder: Path | None = Field(
+        default=None, description="Developer disk images to mount from (see agent/README.md)"
+    )
     host_device_class: str = "host-cpu"
     host_threads: int | None = Field(default=None, ge=1)
     min_battery: int = Field(default=20, ge=0, le=100)
@@ -152,6 +155,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--tunneld", default=env("AGENT_TUNNELD"), help="HOST:PORT of tunneld (iOS 17+)"
     )
+    parser.add_argument(
+        "--ddi-folder",
+        type=Path,
+        default=env("AGENT_DDI_FOLDER"),
+        help="developer disk images: DeviceSupport/<version>/ (iOS < 17), Personalized/ (17+); "
+        "never downloaded (env AGENT_DDI_FOLDER)",
+    )
     parser.add_argument("--host-device-class", default=env("AGENT_HOST_DEVICE_CLASS", "host-cpu"))
     parser.add_argument("--host-threads", type=int, default=env("AGENT_HOST_THREADS"))
     parser.add_argument("--min-battery", type=int, default=env("AGENT_MIN_BATTERY", "20"))
@@ -223,6 +233,7 @@ def parse_settings(
             usbmux_address=args.usbmux_address,
             harness_ipa=args.harness_ipa,
             tunneld_address=args.tunneld,
+            ddi_folder=args.ddi_folder,
             host_device_class=args.host_device_class,
             host_threads=args.host_threads,
             min_battery=args.min_battery,

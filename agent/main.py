@@ -22,6 +22,7 @@ from agent.artifacts import ArtifactCache
 from agent.config import AgentSettings, parse_settings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.factory import build_driver
+from agent.drivers.ios_fixes import with_status_fix
 from agent.health import BUSY, READY, DeviceHealth, HealthPolicy, gate
 from agent.registration import (
     MAX_BACKOFF_S,
@@ -271,7 +272,7 @@ class Agent:
                 else:  # still unfit: keep waiting, and say why now
                     health.held_status = info.status
                     health.held_until = now
-        gated = gate(info, health, self.policy, now)
+        gated = with_status_fix(gate(info, health, self.policy, now))
         with self._lock:
             changed = gated.status != slot.info.status
             slot.info = gated

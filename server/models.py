@@ -158,6 +158,8 @@ class Device(Base):
     status: Mapped[str] = mapped_column(String(64), default="ready")
     connected: Mapped[bool] = mapped_column(Boolean, default=True)
     last_seen_at: Mapped[datetime] = _now_column()
+    # The preconditions the agent found failing, each with its fix (DeviceCheck).
+    failed_checks: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
 
 
 class Run(Base):

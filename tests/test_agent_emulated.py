@@ -176,7 +176,7 @@ def test_faults_are_retried_on_other_devices_and_gates_hold_unfit_ones(
     unplug_reason = " | ".join(run_reasons(runs["iphone-17-pro"]["id"]))
     assert f"device {unplugs.udid} was disconnected while pushing the model" in unplug_reason
     lock_reason = " | ".join(run_reasons(runs["iphone-16-pro"]["id"]))
-    assert f"device {locks.udid} refused to launch the harness: Locked" in lock_reason
+    assert f"device {locks.udid} refused to launch the harness: The request to open" in lock_reason
     # every prompt stored once, none lost
     assert table_counts()["prompt_results"] == 2 * PROMPTS
     per_run = query("SELECT run_id, count(*) AS n FROM prompt_results GROUP BY run_id")

@@ -1,9 +1,9 @@
-"""pymobiledevice3 failures become reasons a lab engineer can act on; launchers pick their path."""
+"""pymobiledevice3 failures become reasons a lab engineer can act on.
+
+How DvtLauncher picks lockdown or the tunnel is exercised against emulated phones on iOS 16 and
+18 in tests/test_emulated_dvt.py."""
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
 
 import pytest
 from pymobiledevice3.exceptions import (
@@ -20,10 +20,8 @@ from pymobiledevice3.exceptions import (
     StartServiceError,
 )
 
-from agent.drivers import launchers
 from agent.drivers.base import DriverError
 from agent.drivers.ios_errors import LaunchError, device_error, launch_refusal
-from agent.drivers.launchers import DvtLauncher
 
 UDID = "00008150-000306C8D8A3C31F"
 
@@ -83,6 +81,10 @@ def test_an_unplugged_device_wins_over_the_exception_it_caused() -> None:
         ("Locked: the device is locked", "locked"),
         ("DeveloperModeDisabled: turn on Developer Mode", "developer mode off"),
         ("ApplicationLookupFailed: not installed", None),
+        (
+            "Security (its profile has not been explicitly trusted by the user.)",
+            "developer profile not trusted",
+        ),
     ],
 )
 def test_launch_refusals_carry_the_device_status(message: str, status: str | None) -> None:
@@ -90,38 +92,3 @@ def test_launch_refusals_carry_the_device_status(message: str, status: str | Non
 
     assert isinstance(refusal, LaunchError)
     assert message in str(refusal) and refusal.device_status == status
-
-
-class FakeLockdown:
-    def __init__(self, version: str) -> None:
-        self.product_version = version
-        self.udid = UDID
-
-
-def test_dvt_uses_lockdown_before_ios_17() -> None:
-    lockdown: Any = FakeLockdown("16.7.10")
-
-    assert asyncio.run(DvtLauncher()._provider(lockdown)) is lockdown
-
-
-def test_dvt_on_ios_17_and_later_needs_a_tunnel(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked: list[tuple[str, tuple[str, int]]] = []
-
-    async def no_tunnel(udid: str, address: tuple[str, int]) -> None:
-        asked.append((udid, address))
-
-    import pymobiledevice3.tunneld.api as tunneld_api
-
-    monkeypatch.setattr(tunneld_api, "get_tunneld_device_by_udid", no_tunnel)
-    lockdown: Any = FakeLockdown("18.6.2")
-
-    with pytest.raises(LaunchError, match="sudo pymobiledevice3 remote tunneld"):
-        asyncio.run(DvtLauncher(("127.0.0.1", 49151))._provider(lockdown))
-    assert asked == [(UDID, ("127.0.0.1", 49151))]
-
-
-def test_the_emulated_launcher_names_the_emulators_service() -> None:
-    from decodebench.emulated.services import EMULATED_PROCESS_CONTROL, SERVICES
-
-    assert launchers.EMULATED_PROCESS_CONTROL == EMULATED_PROCESS_CONTROL
-    assert EMULATED_PROCESS_CONTROL in SERVICES

@@ -1,8 +1,9 @@
 """Emulated iPhones driven through the real pymobiledevice3 path.
 
-The agent starts an `EmulatedFleet` (fake usbmuxd + devices) in-process and points the
-pymobiledevice3 driver at it; only launching goes through the emulator's process-control service
-instead of DVT. Everything the devices report is labelled `driver="emulated"`, `simulated=True`.
+The agent starts an `EmulatedFleet` (fake usbmuxd, tunneld and devices) in-process and points
+the pymobiledevice3 driver at it, with the DVT launcher and a folder of emulated developer disk
+images, as for real phones. Everything the devices report is labelled `driver="emulated"`,
+`simulated=True`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.drivers.launchers import EmulatedLauncher
+from agent.drivers.launchers import DvtLauncher
 from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+from decodebench.emulated.ddi import write_ddi_folder
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
 
@@ -38,7 +40,7 @@ class EmulatedDriver(Pymobiledevice3Driver):
     ) -> None:
         self.fleet = fleet
         self.owns_fleet = owns_fleet
-        super().__init__(options, EmulatedLauncher())
+        super().__init__(options, DvtLauncher(options.tunneld_address))
 
     def close(self) -> None:
         super().close()
@@ -81,6 +83,8 @@ def driver_for_fleet(
         "work_dir": work_dir / "host",
         "usbmux_address": fleet.address,
         "harness_ipa": make_harness_ipa(work_dir / "DecodebenchHarness.ipa"),
+        "ddi_folder": write_ddi_folder(work_dir / "ddi"),
+        "tunneld_address": fleet.tunneld_address,
         "driver_name": DRIVER_NAME,
         "simulated": True,
         "poll_interval_s": poll_interval_s,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from agent.config import AgentSettings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.simulated import SimulatedDriver
@@ -33,16 +35,17 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
         from agent.drivers.launchers import DvtLauncher
         from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
 
-        tunneld = None
-        if settings.tunneld_address:
-            host, _, port = settings.tunneld_address.rpartition(":")
-            tunneld = (host, int(port))
         options = IosDriverOptions(
             work_dir=settings.work_dir / "ios",
             usbmux_address=settings.usbmux_address,
             harness_ipa=settings.harness_ipa,
+            ddi_folder=settings.ddi_folder,
+            min_battery=settings.min_battery,
         )
-        return Pymobiledevice3Driver(options, DvtLauncher(tunneld))
+        if settings.tunneld_address:
+            host, _, port = settings.tunneld_address.rpartition(":")
+            options = dataclasses.replace(options, tunneld_address=(host, int(port)))
+        return Pymobiledevice3Driver(options, DvtLauncher(options.tunneld_address))
     from agent.drivers.host import HostDriver
 
     return HostDriver(

@@ -48,6 +48,9 @@ class IosDriverOptions:
     capture_syslog: bool = True
     models_kept: int = 2
     discovery_timeout_s: float = 15.0
+    ddi_folder: Path | None = None  # developer disk images to mount from (never downloaded)
+    tunneld_address: tuple[str, int] = ("127.0.0.1", 49151)  # pymobiledevice3's default
+    min_battery: int = 20
 
 
 @dataclass
@@ -61,6 +64,7 @@ class DeviceRecord:
     syslog: list[str] = field(default_factory=list)
     syslog_task: asyncio.Future[Any] | None = None
     identified: bool = False  # identity read, or given up on (see `problem`)
+    launch_problem: str | None = None  # the last launch's denial (an untrusted profile …)
 
     def note(self, message: str) -> None:
         self.notes.append(f"{time.strftime('%H:%M:%S')} {message}")

@@ -30,16 +30,24 @@ from pymobiledevice3.exceptions import (
 )
 
 from agent.drivers.base import DriverError
-
-LOCKED = "locked"
-NOT_PAIRED = "not paired"
-DEVELOPER_MODE_OFF = "developer mode off"
-DISCONNECTED = "disconnected"
-USBMUXD_DOWN = "usbmuxd unreachable"
-
-_LOCKED_HINT = "unlock it, and keep Auto-Lock off (Settings > Display & Brightness)"
-_DEVELOPER_MODE_HINT = "turn it on in Settings > Privacy & Security > Developer Mode (reboots)"
-_PAIRING_HINT = "pair it with this host (`pymobiledevice3 lockdown pair`) and tap Trust"
+from agent.drivers.ios_fixes import (  # noqa: F401  (statuses are re-exported)
+    DDI_HINT,
+    DDI_NOT_MOUNTED,
+    DEVELOPER_MODE_HINT,
+    DEVELOPER_MODE_OFF,
+    DISCONNECTED,
+    FIXES,
+    KILLED_BY_IOS,
+    LOCKED,
+    LOCKED_HINT,
+    NO_TUNNEL,
+    NOT_PAIRED,
+    PAIRING_HINT,
+    PROFILE_HINT,
+    PROFILE_UNTRUSTED,
+    TUNNEL_HINT,
+    USBMUXD_DOWN,
+)
 
 CONNECTION_LOST = (
     ConnectionTerminatedError,
@@ -75,17 +83,17 @@ def device_error(
         )
     if isinstance(error, (PasswordRequiredError, PasscodeRequiredError)):
         return DriverError(
-            f"device {udid} is locked (passcode required) while {step}: {_LOCKED_HINT}",
+            f"device {udid} is locked (passcode required) while {step}: {LOCKED_HINT}",
             device_status=LOCKED,
         )
     if isinstance(error, (NotPairedError, InvalidHostIDError, FatalPairingError)):
         return DriverError(
-            f"device {udid} is not paired with this host while {step}: {_PAIRING_HINT}",
+            f"device {udid} is not paired with this host while {step}: {PAIRING_HINT}",
             device_status=NOT_PAIRED,
         )
     if isinstance(error, DeveloperModeIsNotEnabledError):
         return DriverError(
-            f"developer mode is off on device {udid}: {_DEVELOPER_MODE_HINT}",
+            f"developer mode is off on device {udid}: {DEVELOPER_MODE_HINT}",
             device_status=DEVELOPER_MODE_OFF,
         )
     if isinstance(error, AppNotInstalledError):
@@ -102,7 +110,8 @@ def device_error(
         )
     if isinstance(error, TunneldConnectionError):
         return LaunchError(
-            f"launching on device {udid} needs a tunnel (iOS 17+): start `sudo pymobiledevice3 remote tunneld`"
+            f"tunneld is not reachable while {step} on device {udid} (iOS 17+): {TUNNEL_HINT}",
+            device_status=NO_TUNNEL,
         )
     if isinstance(error, CONNECTION_LOST):
         return DriverError(
@@ -128,9 +137,29 @@ def launch_refusal(message: str, udid: str) -> DriverError:
         return LaunchError(
             f"device {udid} refused to launch the harness: {message}", device_status=LOCKED
         )
+    if "not been explicitly trusted" in lowered or "invalid code signature" in lowered:
+        return LaunchError(
+            f"device {udid} denied the launch: {message}; {PROFILE_HINT}",
+            device_status=PROFILE_UNTRUSTED,
+        )
     if "developer" in lowered:
         return LaunchError(
-            f"device {udid} refused to launch the harness: {message}; {_DEVELOPER_MODE_HINT}",
+            f"device {udid} refused to launch the harness: {message}; {DEVELOPER_MODE_HINT}",
             device_status=DEVELOPER_MODE_OFF,
         )
     return LaunchError(f"device {udid} refused to launch the harness: {message}")
+
+
+def no_tunnel(udid: str, tunneld: tuple[str, int]) -> DriverError:
+    return LaunchError(
+        f"tunneld at {tunneld[0]}:{tunneld[1]} has no tunnel to device {udid}; iOS 17+ launches "
+        f"go through it: {TUNNEL_HINT}",
+        device_status=NO_TUNNEL,
+    )
+
+
+def ddi_error(udid: str, problem: str) -> DriverError:
+    return DriverError(
+        f"the developer disk image is not mounted on device {udid}: {problem}",
+        device_status=DDI_NOT_MOUNTED,
+    )

@@ -1,22 +1,40 @@
-"""Launching the harness app on a device, behind one small interface.
+"""Launching the harness app on a device: DVT process control, as Xcode's instruments do.
 
-Real iPhones: DVT process control (``com.apple.instruments``), through a tunneld tunnel on
-iOS 17+ (``sudo pymobiledevice3 remote tunneld``) or the lockdown service with the developer
-disk image mounted before that. Emulated iPhones: the emulator's process-control service, a
-small plist protocol reached through the same usbmux and lockdown path.
+pymobiledevice3's own `DvtProvider` / `ProcessControl` / `DeviceInfo` clients, over lockdown
+before iOS 17 (``…DVTSecureSocketProxy``, once the developer disk image is mounted) and through
+tunneld's tunnel and RemoteServiceDiscovery from iOS 17 (``com.apple.instruments.dtservicehub``;
+``sudo pymobiledevice3 remote tunneld``). The same code drives the emulated iPhone.
+
+The DTX connection of a launch stays open until the run ends, so the device's termination notice
+(exit code or crashing signal) and the app's output reach the agent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import collections
+import contextlib
+import logging
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from packaging.version import Version
+from pymobiledevice3.dtx import DTXNsError, dtx_on_invoke
 from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.lockdown_service_provider import LockdownServiceProvider
+from pymobiledevice3.services.dvt.instruments.dvt_provider import DvtProvider
+from pymobiledevice3.services.dvt.instruments.process_control import (
+    ProcessControl,
+    ProcessControlService,
+)
 
-from agent.drivers.ios_errors import launch_refusal
-from decodebench.emulated.services import EMULATED_PROCESS_CONTROL
+from agent.drivers.ios_errors import launch_refusal, no_tunnel
+
+log = logging.getLogger(__name__)
+
+OUTPUT_LINES_KEPT = 200
+NOTICE_WAIT_STEPS, NOTICE_WAIT_STEP_S = 50, 0.02
+SIGNALS = {6: "SIGABRT", 9: "SIGKILL", 10: "SIGBUS", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,57 @@ class Launcher(Protocol):
 
     async def kill(self, lockdown: LockdownClient, pid: int) -> None: ...
 
+    def output(self, udid: str) -> list[str]: ...
+
+    async def close(self) -> None: ...
+
+
+class ObservedProcessControl(ProcessControlService):
+    """The process-control channel, keeping the device's termination notices."""
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.ended: dict[int, str] = {}
+
+    @dtx_on_invoke("processWithPID:terminatedWithExitCode:orCrashingSignal:")
+    async def _on_process_terminated(
+        self, pid: int, exit_code: int | None, crashing_signal: int | None
+    ) -> None:
+        self.ended[int(pid)] = exit_description(exit_code, crashing_signal)
+
+
+def exit_description(exit_code: int | None, crashing_signal: int | None) -> str:
+    if crashing_signal:
+        name = SIGNALS.get(int(crashing_signal), f"signal {crashing_signal}")
+        if int(crashing_signal) == 9:
+            return "killed (SIGKILL: by the OS, e.g. for memory, or by a host)"
+        return f"crashed ({name})"
+    return f"exited with code {exit_code if exit_code is not None else 'unknown'}"
+
+
+@dataclass
+class LaunchSession:
+    """The open DVT connection of one launch."""
+
+    provider: LockdownServiceProvider
+    dvt: DvtProvider
+    control: ObservedProcessControl
+    pid: int
+    output: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=OUTPUT_LINES_KEPT)
+    )
+    reader: Any = None
+
+    async def close(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+        with contextlib.suppress(Exception):
+            await self.dvt.close()
+        # A tunnel's RSD belongs to the session; a lockdown client to the step that made it.
+        if not isinstance(self.provider, LockdownClient):
+            with contextlib.suppress(Exception):
+                await self.provider.close()  # type: ignore[attr-defined]
+
 
 class DvtLauncher:
     """DVT process control; on iOS 17+ through tunneld's tunnel to the device."""
@@ -50,6 +119,8 @@ class DvtLauncher:
 
     def __init__(self, tunneld_address: tuple[str, int] | None = None) -> None:
         self.tunneld_address = tunneld_address
+        self._sessions: dict[str, LaunchSession] = {}
+        self._outputs: dict[str, list[str]] = {}
 
     async def _provider(self, lockdown: LockdownClient) -> LockdownServiceProvider:
         if Version(lockdown.product_version) < Version("17.0"):
@@ -59,16 +130,10 @@ class DvtLauncher:
         address = self.tunneld_address or TUNNELD_DEFAULT_ADDRESS
         rsd = await get_tunneld_device_by_udid(str(lockdown.udid), address)
         if rsd is None:
-            raise launch_refusal(
-                f"no tunnel to this device at tunneld {address[0]}:{address[1]}; iOS 17+ launches "
-                "need `sudo pymobiledevice3 remote tunneld`",
-                str(lockdown.udid),
-            )
+            raise no_tunnel(str(lockdown.udid), address)
         return rsd
 
     async def _with_dvt(self, lockdown: LockdownClient, action: Any) -> Any:
-        from pymobiledevice3.services.dvt.instruments.dvt_provider import DvtProvider
-
         provider = await self._provider(lockdown)
         try:
             async with DvtProvider(provider) as dvt:
@@ -84,75 +149,96 @@ class DvtLauncher:
         arguments: list[str],
         environment: dict[str, str],
     ) -> int:
-        from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
-
-        async def launch(dvt: Any) -> int:
-            async with ProcessControl(dvt) as process_control:
-                return await process_control.launch(
-                    bundle_id, arguments, kill_existing=True, environment=environment
+        udid = str(lockdown.udid)
+        await self._end_session(udid)
+        provider = await self._provider(lockdown)
+        dvt = DvtProvider(provider)
+        try:
+            await dvt.connect()
+            channel = await dvt.dtx.open_channel(ObservedProcessControl)
+            process_control = ProcessControl(dvt, channel)
+            try:
+                pid = int(
+                    await process_control.launch(
+                        bundle_id, arguments, kill_existing=True, environment=environment
+                    )
                 )
-
-        return int(await self._with_dvt(lockdown, launch))
+            except DTXNsError as error:
+                raise launch_refusal(describe_ns_error(error), udid) from error
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await dvt.close()
+            if provider is not lockdown:
+                await provider.close()  # type: ignore[attr-defined]
+            raise
+        session = LaunchSession(provider, dvt, channel, pid)
+        session.reader = _spawn_output_reader(process_control, session)
+        self._sessions[udid] = session
+        self._outputs[udid] = list(session.output)
+        return pid
 
     async def state(self, lockdown: LockdownClient, pid: int) -> ProcessState:
         from pymobiledevice3.services.dvt.instruments.device_info import DeviceInfo as DvtDeviceInfo
+
+        session = self._sessions.get(str(lockdown.udid))
+        if session is not None and session.pid == pid and pid in session.control.ended:
+            return ProcessState(False, session.control.ended[pid])
 
         async def running(dvt: Any) -> bool:
             async with DvtDeviceInfo(dvt) as device_info:
                 return bool(await device_info.is_running_pid(pid))
 
         is_running = await self._with_dvt(lockdown, running)
-        return ProcessState(is_running, "" if is_running else "the process is gone")
+        if is_running:
+            return ProcessState(True)
+        # The termination notice travels on the launch's own connection: give it a moment.
+        for _ in range(NOTICE_WAIT_STEPS):
+            if session is None or session.pid != pid or pid in session.control.ended:
+                break
+            await asyncio.sleep(NOTICE_WAIT_STEP_S)
+        if session is not None and session.pid == pid and pid in session.control.ended:
+            return ProcessState(False, session.control.ended[pid])
+        return ProcessState(False, "the process is gone")
 
     async def kill(self, lockdown: LockdownClient, pid: int) -> None:
-        from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
-
         async def kill(dvt: Any) -> None:
             async with ProcessControl(dvt) as process_control:
                 await process_control.kill(pid)
 
-        await self._with_dvt(lockdown, kill)
-
-
-class EmulatedLauncher:
-    """The emulated iPhone's process-control service (decodebench.emulated.services)."""
-
-    name = "emulated"
-
-    async def _request(self, lockdown: LockdownClient, request: dict[str, Any]) -> dict[str, Any]:
-        connection = await lockdown.start_lockdown_service(EMULATED_PROCESS_CONTROL)
         try:
-            return dict(await connection.send_recv_plist(request))
+            await self._with_dvt(lockdown, kill)
         finally:
-            await connection.close()
+            await self._end_session(str(lockdown.udid))
 
-    async def launch(
-        self,
-        lockdown: LockdownClient,
-        bundle_id: str,
-        arguments: list[str],
-        environment: dict[str, str],
-    ) -> int:
-        answer = await self._request(
-            lockdown,
-            {
-                "Command": "Launch",
-                "BundleIdentifier": bundle_id,
-                "Arguments": arguments,
-                "Environment": environment,
-            },
-        )
-        if "Error" in answer:
-            raise launch_refusal(str(answer["Error"]), str(lockdown.udid))
-        return int(answer["PID"])
+    async def _end_session(self, udid: str) -> None:
+        session = self._sessions.pop(udid, None)
+        if session is not None:
+            self._outputs[udid] = list(session.output)
+            await session.close()
 
-    async def state(self, lockdown: LockdownClient, pid: int) -> ProcessState:
-        answer = await self._request(lockdown, {"Command": "ProcessStatus", "PID": pid})
-        if "Error" in answer:
-            return ProcessState(False, str(answer["Error"]))
-        return ProcessState(
-            answer["State"] == "running", f"{answer['State']}: {answer.get('ExitReason', '')}"
-        )
+    async def close(self) -> None:
+        """End every open launch session (the driver is closing)."""
+        for udid in list(self._sessions):
+            await self._end_session(udid)
 
-    async def kill(self, lockdown: LockdownClient, pid: int) -> None:
-        await self._request(lockdown, {"Command": "Kill", "PID": pid})
+    def output(self, udid: str) -> list[str]:
+        """The app's output lines of its last launch on `udid` (what DVT relayed)."""
+        session = self._sessions.get(udid)
+        return list(session.output) if session is not None else self._outputs.get(udid, [])
+
+
+def _spawn_output_reader(process_control: ProcessControl, session: LaunchSession) -> Any:
+    async def read() -> None:
+        with contextlib.suppress(Exception):
+            async for event in process_control:
+                if event.pid == session.pid:
+                    session.output.append(str(event.message).rstrip("\n"))
+
+    return asyncio.ensure_future(read())
+
+
+def describe_ns_error(error: DTXNsError) -> str:
+    info = error.error.user_info or {}
+    parts = [str(info.get(key)) for key in ("NSLocalizedDescription", "NSLocalizedFailureReason")]
+    text = " ".join(part for part in parts if part and part != "None")
+    return text or str(error)

@@ -7,7 +7,8 @@
 - Install: installation_proxy installs the harness .ipa when missing or of another version; the
   build's .mlpackage goes over house_arrest/AFC into the app's Documents
   (`models/<sha256>/model.mlpackage`, then a `complete` marker), once per artifact.
-- A run: push job.json, launch (a `Launcher`: DVT on real phones), poll for the `done` marker,
+- Prepare: the developer disk image is mounted from the operator's folder when it is not.
+- A run: push job.json, launch (a `Launcher`: DVT), poll for the `done` marker,
   pull results.json (checked against the marker's digest); the harness's syslog lines are
   captured for the run's log.
 
@@ -25,9 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from pymobiledevice3 import usbmux
-from pymobiledevice3.exceptions import PasswordRequiredError, PyMobileDevice3Exception
-from pymobiledevice3.lockdown import LockdownClient, create_using_usbmux
+from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
 
@@ -35,24 +34,20 @@ from agent.artifacts import PackageCache, directory_bytes
 from agent.drivers import ios_container as container
 from agent.drivers.aio import LoopThread
 from agent.drivers.base import Cancellation, DriverError, InstalledModel, RunCancelled
-from agent.drivers.ios_device import (
-    DeviceRecord,
-    IosDriverOptions,
-    UnknownDevice,
-    device_info,
-    ipa_version,
+from agent.drivers.ios_checks import (
+    CheckContext,
+    battery_values,
+    device_checks,
+    profile_check,
+    status_of,
 )
-from agent.drivers.ios_errors import (
-    CONNECTION_LOST,
-    DEVELOPER_MODE_OFF,
-    DISCONNECTED,
-    LOCKED,
-    NOT_PAIRED,
-    device_error,
-)
+from agent.drivers.ios_ddi import ensure_mounted
+from agent.drivers.ios_device import DeviceRecord, IosDriverOptions, ipa_version
+from agent.drivers.ios_discovery import DeviceDirectory
+from agent.drivers.ios_errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchError, device_error
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
-from decodebench.contracts.protocol import DeviceInfo, RunResult
+from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
 from decodebench.harness import (
     HARNESS_LOG,
     JOB_FILE,
@@ -71,116 +66,28 @@ LOG_TAIL_LINES = 40
 
 class Pymobiledevice3Driver:
     def __init__(self, options: IosDriverOptions, launcher: Launcher) -> None:
-        from agent.drivers.usbmux_watch import UsbmuxWatcher
-
         self.options = options
         self.name = options.driver_name
         self.launcher = launcher
-        self._devices: dict[str, DeviceRecord] = {}
         self._packages = PackageCache(options.work_dir / "packages")
-        self._pair_records = options.work_dir / "pair-records"
         self._ipa = ipa_version(options.harness_ipa) if options.harness_ipa else None
         if self._ipa is not None and self._ipa[0] != options.bundle_id:
             raise DriverError(
                 f"{options.harness_ipa} is {self._ipa[0]}, not the harness {options.bundle_id}"
             )
         self._loop = LoopThread(f"{self.name}-driver")
-        self._watcher = UsbmuxWatcher(options.usbmux_address, self._attached, self._detached)
-        self._identifying: set[asyncio.Future[Any]] = set()
-        self._watch_task = self._loop.spawn(self._watcher.run())
-        self._wait_for_first_inventory()
-
-    # discovery
-
-    def _wait_for_first_inventory(self) -> None:
-        """Until every device usbmuxd lists now has been identified (or given up on)."""
-
-        async def settle() -> None:
-            await self._watcher.listening.wait()
-            try:
-                listed = await usbmux.list_devices(usbmux_address=self.options.usbmux_address)
-            except (PyMobileDevice3Exception, OSError):
-                return
-            while not all(self._identified(entry.serial) for entry in listed):
-                await asyncio.sleep(0.02)
-
-        try:
-            self._loop.run(settle(), timeout_s=self.options.discovery_timeout_s)
-        except TimeoutError:
-            log.warning(
-                "device discovery still in progress after %g s", self.options.discovery_timeout_s
-            )
-
-    def _identified(self, udid: str) -> bool:
-        device = self._devices.get(udid)
-        return device is not None and device.identified
-
-    async def _attached(self, udid: str) -> None:
-        task = asyncio.ensure_future(self._identify(udid))
-        self._identifying.add(task)
-        task.add_done_callback(self._identifying.discard)
-
-    async def _detached(self, udid: str) -> None:
-        device = self._devices.get(udid)
-        if device is not None:
-            device.note("detached from usbmuxd")
-            self._stop_syslog(device)
-
-    async def _identify(self, udid: str) -> None:
-        device = self._devices.setdefault(udid, DeviceRecord(udid))
-        try:
-            await self._read_identity(device)
-        finally:
-            device.identified = True
-
-    async def _read_identity(self, device: DeviceRecord) -> None:
-        udid = device.udid
-        for attempt in range(3):
-            try:
-                async with self._lockdown(udid) as lockdown:
-                    values = lockdown.all_values
-            except (PyMobileDevice3Exception, *CONNECTION_LOST, OSError) as error:
-                device.problem = f"cannot read its identity: {type(error).__name__}: {error}"
-                await asyncio.sleep(0.5 * (attempt + 1))
-                continue
-            try:
-                device.info = device_info(udid, values, self.name, self.options.simulated)
-            except UnknownDevice as error:
-                device.problem = str(error)
-                log.warning("device %s ignored: %s", udid, device.problem)
-                return
-            device.problem = ""
-            log.info(
-                "device %s is a %s (%s, iOS %s)",
-                udid,
-                device.info.device_class,
-                device.info.product_type,
-                device.info.os_version,
-            )
-            return
-        log.warning("device %s ignored: %s", udid, device.problem)
+        self._directory = DeviceDirectory(options, self._loop)
+        self._directory.on_detached.append(self._stop_syslog)
+        self._devices = self._directory.devices
+        self._watcher = self._directory.watcher
 
     def discover(self) -> list[DeviceInfo]:
-        return [
-            device.info
-            for udid, device in sorted(list(self._devices.items()))  # a copy: the loop adds
-            if device.info is not None and self._watcher.is_attached(udid)
-        ]
+        return self._directory.discover()
 
     # the sync/async seam
 
-    @contextlib.asynccontextmanager
-    async def _lockdown(self, udid: str) -> AsyncIterator[LockdownClient]:
-        lockdown = await create_using_usbmux(
-            serial=udid,
-            autopair=False,
-            usbmux_address=self.options.usbmux_address,
-            pairing_records_cache_folder=self._pair_records,
-        )
-        try:
-            yield lockdown
-        finally:
-            await lockdown.close()
+    def _lockdown(self, udid: str) -> contextlib.AbstractAsyncContextManager[LockdownClient]:
+        return self._directory.lockdown(udid)
 
     @contextlib.asynccontextmanager
     async def _documents(self, lockdown: LockdownClient) -> AsyncIterator[HouseArrestService]:
@@ -189,12 +96,7 @@ class Pymobiledevice3Driver:
             yield afc
 
     def _record(self, device: DeviceInfo) -> DeviceRecord:
-        record = self._devices.get(device.udid)
-        if record is None or not self._watcher.is_attached(device.udid):
-            raise DriverError(
-                f"device {device.udid} is not attached to this host", device_status=DISCONNECTED
-            )
-        return record
+        return self._directory.record(device)
 
     def _step(
         self,
@@ -216,60 +118,53 @@ class Pymobiledevice3Driver:
         except (DriverError, RunCancelled, ValidationError):
             raise
         except Exception as error:
-            attached = self._loop.run(self._still_attached(udid, detaches), timeout_s=10)
+            attached = self._loop.run(self._directory.still_attached(udid, detaches), timeout_s=10)
             raise device_error(
                 error, udid, step, attached=attached, usbmux=self.options.usbmux_address
             ) from error
 
-    async def _still_attached(self, udid: str, detaches_before: int) -> bool:
-        """Whether the device stayed plugged in; usbmuxd may learn of an unplug just after the
-        connection broke, so a yes is confirmed once more a moment later."""
-        for delay_s in (0.0, 0.5):
-            await asyncio.sleep(delay_s)
-            if self._watcher.detach_count.get(udid, 0) != detaches_before:
-                return False
-            try:
-                listed = await usbmux.list_devices(usbmux_address=self.options.usbmux_address)
-            except (PyMobileDevice3Exception, OSError):
-                return False
-            if not any(entry.matches_udid(udid) for entry in listed):
-                return False
-        return True
-
     # health
 
     def health(self, device: DeviceInfo) -> DeviceInfo:
+        """`device` with its battery, status and failed checks (each with its fix)."""
         try:
-            self._record(device)
-            return self._step(
-                device, "checking its health", lambda lockdown: self._health(device, lockdown), 30
-            )
+            record = self._record(device)
+            checks = self.checks(device, None)
         except DriverError as error:
             status = error.device_status or f"unreachable: {error}"
             return device.model_copy(update={"status": status[:64]})
-
-    async def _health(self, device: DeviceInfo, lockdown: LockdownClient) -> DeviceInfo:
-        update: dict[str, Any] = {"status": READY}
-        with contextlib.suppress(PyMobileDevice3Exception):
-            battery = await lockdown.get_value("com.apple.mobile.battery")
-            if isinstance(battery, dict):
-                level = battery.get("BatteryCurrentCapacity")
-                update["battery_level"] = int(level) if isinstance(level, int) else None
-                update["charging"] = bool(
-                    battery.get("BatteryIsCharging") or battery.get("ExternalConnected")
-                )
-        if not lockdown.paired:
-            update["status"] = NOT_PAIRED
-        elif lockdown.has_developer_mode and not await lockdown.get_developer_mode_status():
-            update["status"] = DEVELOPER_MODE_OFF
-        else:
-            try:
-                probe = HouseArrestService(lockdown)
-                await probe.connect()
-                await probe.close()
-            except PasswordRequiredError:
-                update["status"] = LOCKED
+        checks.append(profile_check(record.launch_problem))
+        update: dict[str, Any] = {
+            "status": status_of(checks, can_mount=self.options.ddi_folder is not None),
+            "failed_checks": [item for item in checks if item.ok is False],
+        }
+        update.update(self._battery(device))
         return device.model_copy(update=update)
+
+    def checks(
+        self,
+        device: DeviceInfo,
+        largest_model_bytes: int | None,
+        thermal_state: ThermalState = ThermalState.unknown,
+    ) -> list[DeviceCheck]:
+        """Every precondition of `device` (see ios_checks); DriverError when it is unreachable."""
+        context = CheckContext(
+            bundle_id=self.options.bundle_id,
+            ipa_version=self._ipa,
+            tunneld=self.options.tunneld_address,
+            largest_model_bytes=largest_model_bytes,
+            min_battery=self.options.min_battery,
+            thermal_state=thermal_state,
+            ddi_folder=self.options.ddi_folder,
+        )
+        return self._step(
+            device, "checking it", lambda lockdown: device_checks(lockdown, context), 60
+        )
+
+    def _battery(self, device: DeviceInfo) -> dict[str, Any]:
+        with contextlib.suppress(DriverError):
+            return self._step(device, "reading its battery", battery_values, 30)
+        return {}
 
     # the run
 
@@ -281,7 +176,12 @@ class Pymobiledevice3Driver:
         status = self.health(device).status
         if status != READY:
             raise DriverError(f"device {device.udid} is not ready: {status}", device_status=status)
-        record.note("prepared: paired, developer mode on, unlocked")
+        mounted = self._step(
+            device,
+            "mounting the developer disk image",
+            lambda lockdown: ensure_mounted(lockdown, self.options.ddi_folder),
+        )
+        record.note(f"prepared: paired, developer mode on, unlocked; {mounted}")
 
     def install(self, device: DeviceInfo, artifact_path: Path) -> InstalledModel:
         record = self._record(device)
@@ -372,7 +272,13 @@ class Pymobiledevice3Driver:
                 {"DECODEBENCH_RUN_ID": str(job.run_id)},
             )
 
-        record.pid = self._step(device, "launching the harness", launch)
+        try:
+            record.pid = self._step(device, "launching the harness", launch)
+        except LaunchError as error:
+            if error.device_status == PROFILE_UNTRUSTED:
+                record.launch_problem = str(error)
+            raise
+        record.launch_problem = None
         record.note(
             f"launched {self.options.bundle_id} (pid {record.pid}) with {self.launcher.name}"
         )
@@ -397,7 +303,8 @@ class Pymobiledevice3Driver:
                         state = await self.launcher.state(lockdown, record.pid)
                         if state.running is False and not await container.is_done(afc):
                             raise DriverError(
-                                f"the harness exited without finishing the run ({state.reason})"
+                                f"the harness exited without finishing the run ({state.reason})",
+                                device_status=KILLED_BY_IOS if "SIGKILL" in state.reason else None,
                             )
                     if time.monotonic() > deadline:
                         raise DriverError(f"the harness did not finish within {timeout_s:g} s")
@@ -439,6 +346,8 @@ class Pymobiledevice3Driver:
                 parts += [
                     f"{HARNESS_LOG}: {line}" for line in harness_log.splitlines()[-LOG_TAIL_LINES:]
                 ]
+        output = self.launcher.output(device.udid)
+        parts += [f"dvt output: {line}" for line in output[-LOG_TAIL_LINES:]]
         parts += [f"syslog: {line}" for line in record.syslog[-LOG_TAIL_LINES:]]
         return "\n".join(parts)
 
@@ -483,5 +392,7 @@ class Pymobiledevice3Driver:
             self._loop.loop.call_soon_threadsafe(task.cancel)
 
     def close(self) -> None:
-        self._watch_task.cancel()
+        with contextlib.suppress(Exception):
+            self._loop.run(self.launcher.close(), timeout_s=10)
+        self._directory.watch_task.cancel()
         self._loop.stop()

@@ -16,7 +16,7 @@ from decodebench.contracts.base import Contract
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.names import BuildState, Driver, RunState, SweepState
-from decodebench.contracts.protocol import ThermalState
+from decodebench.contracts.protocol import DeviceCheck, ThermalState
 
 
 class _Response(Contract):
@@ -185,6 +185,7 @@ class DeviceView(_Response):
     thermal_state: ThermalState
     agent_id: int
     last_seen_at: datetime
+    failed_checks: list[DeviceCheck] = Field(description="Why it is not ready, and the fix")
 
 
 class ProfileParameter(_Response):

@@ -29,6 +29,15 @@ class ThermalState(StrEnum):
     unknown = "unknown"
 
 
+class DeviceCheck(Incoming):
+    """One precondition of a device for runs (paired, developer mode, disk image …)."""
+
+    name: str = Field(max_length=64)
+    ok: StrictBool | None = Field(description="None: could not be told (e.g. the queue is unknown)")
+    detail: str = Field(default="", max_length=512)
+    fix: str = Field(default="", max_length=512, description="One line an operator can act on")
+
+
 class DeviceInfo(Incoming):
     """One device as an agent sees it."""
 
@@ -45,6 +54,10 @@ class DeviceInfo(Incoming):
     thermal_state: ThermalState = ThermalState.unknown
     status: str = Field(
         default="ready", max_length=64, description="ready, busy, cooling, locked …"
+    )
+    failed_checks: list[DeviceCheck] = Field(
+        default_factory=list,
+        description="Preconditions that fail, each with its fix (pymobiledevice3 and emulated)",
     )
 
 

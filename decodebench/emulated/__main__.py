@@ -3,9 +3,10 @@
     python -m decodebench.emulated --devices iphone-16-pro,iphone-17-pro --listen 127.0.0.1:27015
     USBMUXD_SOCKET_ADDRESS=127.0.0.1:27015 pymobiledevice3 usbmux list
 
-Any usbmux client works against it (pymobiledevice3's CLI included); the agent's
-`--driver pymobiledevice3 --usbmux-address 127.0.0.1:27015` does too, except launching, which
-needs the emulated launcher (`--driver emulated` starts its own fleet in-process).
+Any usbmux client works against it (pymobiledevice3's CLI included), and so does the agent's
+`--driver pymobiledevice3 --usbmux-address 127.0.0.1:27015 --tunneld-address 127.0.0.1:PORT`
+(the emulated tunneld's port is printed; `--tunneld-port` fixes it) with a `--ddi-folder` made by
+`decodebench.emulated.ddi.write_ddi_folder`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--time-scale", type=float, default=0.0)
     parser.add_argument("--seed", default="emulated")
+    parser.add_argument("--tunneld-port", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -58,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     for index, device_class in enumerate(classes):
         fleet.add(device_class, faults.get(index, ()))
-    address = fleet.start()
+    address = fleet.start(tunneld_port=args.tunneld_port)
     for device in fleet.devices:
         print(
             f"{device.identity.device_class} {device.udid} ({device.identity.product_type})",
             flush=True,
         )
     print(f"USBMUXD_SOCKET_ADDRESS={address}", flush=True)
+    print(f"tunneld {fleet.tunneld_address[0]}:{fleet.tunneld_address[1]}", flush=True)
 
     stopped = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopped.set())

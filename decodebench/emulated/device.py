@@ -26,6 +26,7 @@ from decodebench.emulated.timing import TimingParameters
 from decodebench.profiles import get_profile
 
 if TYPE_CHECKING:
+    from decodebench.emulated.tunnel import DeviceTunnel
     from decodebench.emulated.usbmuxd import EmulatedUsbmuxd
 
 log = logging.getLogger(__name__)
@@ -100,10 +101,20 @@ class AppProcess:
     state: str = "running"  # running, exited, crashed, killed
     exit_reason: str = ""
     kill: threading.Event = field(default_factory=threading.Event)
+    environment: dict[str, str] = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
         return self.state == "running"
+
+    def exit_status(self) -> tuple[int | None, int | None]:
+        """(exit code, crashing signal) as DVT reports an ended process."""
+        if self.state == "killed":
+            return None, 9
+        if self.state == "crashed":
+            return None, 11
+        code = self.exit_reason.removeprefix("exit code ")
+        return (int(code) if code.isdigit() else 0), None
 
 
 class SyslogHub:
@@ -168,8 +179,19 @@ class EmulatedDevice:
         self.apps: dict[str, AppRecord] = {}
         self.processes: dict[int, AppProcess] = {}
         self.syslog = SyslogHub()
+        self.process_listeners: set[Callable[[AppProcess], None]] = set()
+        # The developer disk image mounted ("Developer" or "Personalized") and its signature.
+        self.mounted_image: str | None = None
+        self.mounted_signature = b""
+        if self.condition.ddi_mounted:
+            from decodebench.emulated import ddi
+            from decodebench.emulated.mounter import image_type
+
+            self.mounted_image = image_type(self)
+            self.mounted_signature = ddi.signature(b"mounted before the emulator started")
         self.attached = False
         self.usbmuxd: EmulatedUsbmuxd | None = None
+        self.tunnel: DeviceTunnel | None = None  # iOS 17+: set by the fleet
         self._writers: set[asyncio.StreamWriter] = set()
         self._services: dict[int, str] = {}
         self._next_port = FIRST_SERVICE_PORT
@@ -179,6 +201,10 @@ class EmulatedDevice:
     @property
     def udid(self) -> str:
         return self.identity.udid
+
+    @property
+    def major_version(self) -> int:
+        return int(self.identity.product_version.split(".")[0])
 
     def __repr__(self) -> str:
         return f"<EmulatedDevice {self.identity.device_class} {self.udid}>"
@@ -203,6 +229,7 @@ class EmulatedDevice:
                 "CPUArchitecture": "arm64e",
                 "ActivationState": "Activated",
                 "PasswordProtected": condition.locked,
+                "HardwareModel": "D93AP",
                 "TimeIntervalSince1970": time.time(),
             }
         if domain == "com.apple.mobile.battery":
@@ -212,6 +239,12 @@ class EmulatedDevice:
                 "ExternalConnected": condition.charging,
                 "ExternalChargeCapable": condition.charging,
                 "FullyCharged": condition.battery_level >= 100,
+            }
+        if domain == "com.apple.disk_usage":
+            return {
+                "TotalDataCapacity": 256 * 10**9,
+                "TotalDataAvailable": condition.free_bytes,
+                "AmountDataAvailable": condition.free_bytes,
             }
         if domain == "com.apple.security.mac.amfi":
             return {"DeveloperModeStatus": condition.developer_mode}
@@ -306,10 +339,18 @@ class EmulatedDevice:
             return process
 
     def end_process(self, process: AppProcess, state: str, reason: str) -> None:
-        if process.running:
+        ended = process.running
+        if ended:
             process.state = state
             process.exit_reason = reason
         process.kill.set()
+        if ended:
+            for listener in list(self.process_listeners):
+                listener(process)
+
+    def executable_name(self, bundle_id: str) -> str:
+        record = self.apps.get(bundle_id)
+        return str(record.info.get("CFBundleExecutable", bundle_id)) if record else bundle_id
 
     def kill_all(self, reason: str) -> None:
         for process in list(self.processes.values()):

@@ -7,11 +7,19 @@ hot); a *fault* fires on an event of a run, a number of times:
   from usbmuxd after some bytes and re-attaches ``reattach_after_s`` later);
 - ``app-crash``: the harness crashes (SIGSEGV) after launch, leaving no results;
 - ``slow``: the harness takes ``slow_s`` seconds longer than its timing says;
-- ``lock-during-run``: the device auto-locks as the harness is launched (launch refused).
+- ``lock-during-run``: the device auto-locks as the harness is launched (launch refused);
+- ``killed-by-os``: the OS kills the harness (jetsam) right after DVT launched it;
+- ``ddi-mount-refused``: the image mounter refuses to mount the developer disk image;
+- ``tunnel-drop``: the iOS 17+ tunnel goes away when the harness is launched.
 
-Spec strings (``--emulated-fault``): ``disconnect-mid-push``, ``app-crash:2`` (fires twice),
-``slow:always``, ``locked``, ``developer-mode-off``, ``not-paired``, ``battery=10``,
-``charging=false``, ``thermal=serious``.
+Standing conditions: ``locked``, ``developer-mode-off``, ``not-paired``, ``untrusted-profile``
+(the harness's developer profile is not trusted: DVT launches are denied), ``ddi-mounted`` (the
+developer disk image is mounted already; otherwise the host must mount it), ``no-tunnel`` (iOS
+17+: tunneld has no tunnel to it), ``ios=16.7.10`` (the version it reports), ``free=2e9`` (free
+bytes on its disk), ``battery=10``, ``charging=false``, ``thermal=serious``.
+
+Spec strings (``--emulated-fault``): e.g. ``disconnect-mid-push``, ``app-crash:2`` (fires
+twice), ``slow:always``, ``locked``, ``battery=10``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ class FaultKind(StrEnum):
     app_crash = "app-crash"
     slow = "slow"
     lock_during_run = "lock-during-run"
+    killed_by_os = "killed-by-os"
+    ddi_mount_refused = "ddi-mount-refused"
+    tunnel_drop = "tunnel-drop"
 
 
 @dataclass
@@ -54,6 +65,11 @@ class Condition:
     battery_level: int = 87
     charging: bool = True
     thermal_state: ThermalState = ThermalState.nominal
+    profile_trusted: bool = True
+    ddi_mounted: bool = False
+    tunnel: bool = True
+    os_version: str | None = None  # None: what a current phone of its class reports
+    free_bytes: int = 64 * 10**9
 
 
 class FaultPlan:
@@ -77,7 +93,14 @@ class FaultPlan:
             return False
 
 
-_STATIC = {"locked", "developer-mode-off", "not-paired"}
+_STATIC = {
+    "locked",
+    "developer-mode-off",
+    "not-paired",
+    "untrusted-profile",
+    "ddi-mounted",
+    "no-tunnel",
+}
 
 
 def apply_spec(spec: str, condition: Condition, plan: FaultPlan) -> None:
@@ -94,13 +117,24 @@ def apply_spec(spec: str, condition: Condition, plan: FaultPlan) -> None:
             condition.charging = value.lower() in {"1", "true", "yes"}
         elif name == "thermal":
             condition.thermal_state = ThermalState(value)
+        elif name == "ios":
+            if not all(part.isdigit() for part in value.split(".")):
+                raise ValueError(f"ios={value!r} is not a version such as 16.7.10")
+            condition.os_version = value
+        elif name == "free":
+            condition.free_bytes = int(float(value))
         else:
-            raise ValueError(f"unknown setting {name!r} in {spec!r}: battery, charging or thermal")
+            raise ValueError(
+                f"unknown setting {name!r} in {spec!r}: battery, charging, thermal, ios or free"
+            )
         return
     if spec in _STATIC:
         condition.locked |= spec == "locked"
         condition.developer_mode &= spec != "developer-mode-off"
         condition.paired &= spec != "not-paired"
+        condition.profile_trusted &= spec != "untrusted-profile"
+        condition.ddi_mounted |= spec == "ddi-mounted"
+        condition.tunnel &= spec != "no-tunnel"
         return
     name, _, count = spec.partition(":")
     try:

@@ -23,7 +23,7 @@ LOCKDOWN_TYPE = "com.apple.mobile.lockdown"
 async def serve_lockdown(
     device: EmulatedDevice, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    from decodebench.emulated.services import SERVICES
+    from decodebench.emulated.services import SERVICES, needs_developer_image, uses_tls
 
     session_id: str | None = None
     while True:
@@ -53,9 +53,13 @@ async def serve_lockdown(
                 response["Error"] = "PasswordProtected"
             elif service not in SERVICES:
                 response["Error"] = "InvalidService"
+            elif needs_developer_image(service) and device.mounted_image is None:
+                response["Error"] = "InvalidService"  # as on a phone without its DDI mounted
             else:
                 response.update(
-                    Service=service, Port=device.open_service(service), EnableServiceSSL=False
+                    Service=service,
+                    Port=device.open_service(service),
+                    EnableServiceSSL=uses_tls(service),
                 )
         elif name == "Pair":
             response["Error"] = "PairingDialogResponsePending"

@@ -5,9 +5,9 @@
   Uninstall;
 - ``com.apple.mobile.house_arrest``: VendContainer/VendDocuments, then AFC in the app's container;
 - ``com.apple.syslog_relay``: the device log, lines ending in ``\\n\\0``;
-- ``dev.decodebench.emulated.processcontrol``: launch and watch the harness app. Real devices do
-  this over DVT (or CoreDevice), which is not emulated; the agent's emulated launcher speaks this
-  small plist protocol instead, through the same usbmux and lockdown path.
+- ``com.apple.mobile.mobile_image_mounter``: the developer disk image (``mounter``);
+- ``com.apple.instruments.remoteserver.DVTSecureSocketProxy``: DVT process control over TLS
+  (``instruments``), offered only once the developer disk image is mounted.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from decodebench.emulated.afc import AfcServer
 from decodebench.emulated.device import AppRecord, ServiceHandler
+from decodebench.emulated.instruments import LOCKDOWN_SERVICE, serve_instruments_tls
+from decodebench.emulated.mounter import serve_image_mounter
 from decodebench.emulated.wire import read_plist, write_plist
 
 if TYPE_CHECKING:
     from decodebench.emulated.device import EmulatedDevice
 
-EMULATED_PROCESS_CONTROL = "dev.decodebench.emulated.processcontrol"
 SYSLOG_LINE_END = b"\n\x00"
 
 
@@ -181,47 +182,20 @@ async def serve_syslog_relay(
         device.syslog.unsubscribe(queue)
 
 
-async def serve_process_control(
-    device: EmulatedDevice, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    from decodebench.emulated.app import LaunchRefused, launch_app
-
-    while True:
-        request = await read_plist(reader)
-        command = request.get("Command")
-        if command == "Launch":
-            try:
-                pid = launch_app(
-                    device,
-                    str(request.get("BundleIdentifier", "")),
-                    [str(argument) for argument in request.get("Arguments", [])],
-                )
-            except LaunchRefused as error:
-                await write_plist(writer, {"Error": str(error)})
-            else:
-                await write_plist(writer, {"PID": pid})
-        elif command == "ProcessStatus":
-            process = device.processes.get(int(request.get("PID", -1)))
-            if process is None:
-                await write_plist(writer, {"Error": "NoSuchProcess"})
-            else:
-                await write_plist(
-                    writer,
-                    {"PID": process.pid, "State": process.state, "ExitReason": process.exit_reason},
-                )
-        elif command == "Kill":
-            process = device.processes.get(int(request.get("PID", -1)))
-            if process is not None:
-                device.end_process(process, "killed", "killed by the host")
-            await write_plist(writer, {"Status": "Complete"})
-        else:
-            await write_plist(writer, {"Error": "UnknownCommand"})
-
-
 SERVICES: dict[str, ServiceHandler] = {
     "com.apple.afc": serve_afc,
     "com.apple.mobile.house_arrest": serve_house_arrest,
     "com.apple.mobile.installation_proxy": serve_installation_proxy,
     "com.apple.syslog_relay": serve_syslog_relay,
-    EMULATED_PROCESS_CONTROL: serve_process_control,
+    LOCKDOWN_SERVICE: serve_instruments_tls,
+    "com.apple.mobile.mobile_image_mounter": serve_image_mounter,
 }
+
+
+def needs_developer_image(service: str) -> bool:
+    return service == LOCKDOWN_SERVICE
+
+
+def uses_tls(service: str) -> bool:
+    """Services whose connection switches to TLS (the pair record's certificates) at once."""
+    return service == LOCKDOWN_SERVICE

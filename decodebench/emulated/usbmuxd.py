@@ -93,6 +93,14 @@ class EmulatedUsbmuxd:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def call(self, coroutine_function: Callable[..., Any], *args: Any) -> Any:
+        """Run a coroutine function on the emulator's loop (from another thread); its result."""
+        return self._call(coroutine_function, *args)
+
     def _call(self, coroutine_function: Callable[..., Any], *args: Any) -> Any:
         future: Future[Any] = asyncio.run_coroutine_threadsafe(
             coroutine_function(*args), self._loop

@@ -1,4 +1,4 @@
-"""build leases and token scopes
+"""build leases, token scopes, devices' failed checks
 
 A worker builds only under a lease it renews; an expired one is rebuilt. User tokens carry
 scopes (read, submit, admin).
@@ -37,7 +37,19 @@ def upgrade() -> None:
     )
 
 
+    op.add_column(
+        "devices",
+        sa.Column(
+            "failed_checks",
+            postgresql.JSONB(astext_type=sa.Text()),
+            nullable=False,
+            server_default=sa.text("'[]'::jsonb"),
+        ),
+    )
+
+
 def downgrade() -> None:
+    op.drop_column("devices", "failed_checks")
     op.drop_column("api_tokens", "scopes")
     op.drop_index("ix_builds_state_lease", table_name="builds")
     op.drop_column("builds", "lease_expires_at")

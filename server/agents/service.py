@@ -74,6 +74,7 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
         device.charging = info.charging
         device.thermal_state = info.thermal_state.value
         device.status = info.status
+        device.failed_checks = [check.model_dump(mode="json") for check in info.failed_checks]
         device.connected = True
         device.last_seen_at = now
     for udid, device in existing.items():

@@ -1,0 +1,135 @@
+"""A sweep on emulated iPhones through DVT, with the real server, worker, Postgres and Redis.
+
+One phone reports iOS 16 (DVT over lockdown after the agent mounts the classic developer disk
+image), one iOS 18 (tunneld → RemoteServiceDiscovery → DVT after the personalized image).
+Four others each break one way — the disk image mount refused, the launch denied (untrusted
+developer profile), the tunnel gone mid-run, the app killed by iOS — and each fails its run with
+the reason, holds the device with a status whose fix is in the inventory, and the run is retried
+on another phone with every prompt stored exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from stack import Stack
+
+from agent.config import AgentSettings
+from agent.doctor import largest_queued_model
+from agent.drivers.emulated import driver_for_fleet
+from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
+from agent.main import Agent
+from decodebench.client import DecodebenchClient
+from decodebench.emulated.fleet import EmulatedFleet
+from tests import test_agent_emulated as emulated
+from tests.conftest import table_counts
+from tests.test_agent_emulated import (
+    PROMPTS,
+    device_status,
+    finish,
+    query,
+    run_reasons,
+    sweep_state,
+    wait_until,
+)
+
+stack = emulated.stack  # the same real stack: server, worker, Postgres, Redis
+
+pytestmark = pytest.mark.slow
+
+
+def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
+    stack: Stack, tmp_path: Path
+) -> None:
+    fleet = EmulatedFleet(tmp_path / "devices", tokens="off", slow_s=8.0)
+    refused = fleet.add("iphone-16-pro", ["ios=16.7.10", "ddi-mount-refused"])
+    untrusted = fleet.add("iphone-16-pro", ["untrusted-profile"])
+    tunnel_drops = fleet.add("iphone-17-pro", ["tunnel-drop", "slow"])
+    killed = fleet.add("iphone-17-pro", ["killed-by-os"])
+    ios16 = fleet.add("iphone-16-pro", ["ios=16.7.10"], attached=False)
+    ios18 = fleet.add("iphone-17-pro", ["ios=18.6.2"], attached=False)
+    fleet.start()
+    driver = driver_for_fleet(fleet, tmp_path / "agent", poll_interval_s=0.05)
+    settings = AgentSettings(
+        server_url=stack.server_url,
+        token=stack.tokens["agent"],
+        name="dvt-lab",
+        driver="emulated",
+        work_dir=tmp_path / "agent",
+        poll_interval_s=0.2,
+        heartbeat_interval_s=1.0,
+        health_interval_s=0.5,
+        device_hold_s=120,
+    )
+    with DecodebenchClient(stack.server_url, stack.tokens["agent"]) as agent_client:
+        agent = Agent(settings, agent_client, driver)
+        serving = threading.Thread(target=agent.run, name="agent")
+        serving.start()
+        try:
+            with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+                sweep = client.submit_sweep(
+                    {
+                        "model": "tiny-gqa",
+                        "variants": [{"attention": "folded", "context": 128}],
+                        "devices": ["iphone-16-pro", "iphone-17-pro"],
+                        "prompts": PROMPTS,
+                        "decode_tokens": 4,
+                    }
+                )
+                # Only broken phones are attached: each run fails on both of its class's phones.
+                wait_until(
+                    lambda: (
+                        len(query("SELECT id FROM runs WHERE attempts = 2 AND state = 'queued'"))
+                        == 2
+                    ),
+                    "every broken phone has failed a run",
+                    state=lambda: sweep_state(client, sweep["id"]),
+                )
+                inventory = {info.udid: info for info in agent.inventory()}
+                largest, unknown = largest_queued_model(settings, stack.tokens["user"])
+                fleet.usbmuxd.attach(ios16.udid)
+                fleet.usbmuxd.attach(ios18.udid)
+                finished = finish(stack, client, sweep["id"], timeout_s=240)
+            statuses = device_status()
+        finally:
+            agent.request_stop("test finished")
+            serving.join(timeout=60)
+            driver.close()
+            fleet.stop()
+
+    assert finished["state"] == "completed", finished
+    runs = {run["device_class"]: run for run in finished["runs"]}
+    assert runs["iphone-16-pro"]["device_udid"] == ios16.udid
+    assert runs["iphone-17-pro"]["device_udid"] == ios18.udid
+    assert all(run["state"] == "succeeded" and run["attempts"] == 3 for run in runs.values())
+    reasons = " | ".join(
+        run_reasons(runs["iphone-16-pro"]["id"]) + run_reasons(runs["iphone-17-pro"]["id"])
+    )
+    assert f"the developer disk image is not mounted on device {refused.udid}" in reasons
+    assert f"device {untrusted.udid} denied the launch" in reasons
+    assert f"has no tunnel to device {tunnel_drops.udid}" in reasons
+    assert "the harness exited without finishing the run (killed (SIGKILL" in reasons
+    # every prompt stored once, none lost
+    assert table_counts()["prompt_results"] == 2 * PROMPTS
+    per_run = query("SELECT run_id, count(*) AS n FROM prompt_results GROUP BY run_id")
+    assert sorted(row.n for row in per_run) == [PROMPTS, PROMPTS]
+    # each broken phone is held, not ready, with its fix in the inventory sent to the server
+    expected = {
+        refused.udid: DDI_NOT_MOUNTED,
+        untrusted.udid: PROFILE_UNTRUSTED,
+        tunnel_drops.udid: NO_TUNNEL,
+        killed.udid: KILLED_BY_IOS,
+    }
+    for udid, status in expected.items():
+        assert statuses[udid][0] == status, statuses
+        fixes = {check.name: check.fix for check in inventory[udid].failed_checks}
+        assert fixes.get(status), inventory[udid]
+    assert statuses[ios16.udid][0] == statuses[ios18.udid][0] == "ready"
+    # doctor sizes the queue from the server: the running sweep's build
+    (build,) = finished["builds"]
+    with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+        report = client.get_build(build["id"])["report"]
+    assert (largest, unknown) == (report["analysis"]["weight_file_bytes"], "")
+    assert largest > 0
