@@ -41,6 +41,7 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             work_dir=settings.work_dir / "ios",
             usbmux_address=settings.usbmux_address,
             harness_ipa=settings.harness_ipa,
+            bundle_id=settings.harness_bundle_id,
         )
         return Pymobiledevice3Driver(options, DvtLauncher(tunneld))
     from agent.drivers.host import HostDriver

@@ -7,7 +7,9 @@ hot); a *fault* fires on an event of a run, a number of times:
   from usbmuxd after some bytes and re-attaches ``reattach_after_s`` later);
 - ``app-crash``: the harness crashes (SIGSEGV) after launch, leaving no results;
 - ``slow``: the harness takes ``slow_s`` seconds longer than its timing says;
-- ``lock-during-run``: the device auto-locks as the harness is launched (launch refused).
+- ``lock-during-run``: the device auto-locks as the harness is launched (launch refused);
+- ``interrupt``: the harness leaves the foreground mid-run (an app switch, a call): it abandons
+  the run with ``ok: false``, reason ``interrupted`` (``decodebench.emulated.run_watch``).
 
 Spec strings (``--emulated-fault``): ``disconnect-mid-push``, ``app-crash:2`` (fires twice),
 ``slow:always``, ``locked``, ``developer-mode-off``, ``not-paired``, ``battery=10``,
@@ -28,6 +30,7 @@ class FaultKind(StrEnum):
     app_crash = "app-crash"
     slow = "slow"
     lock_during_run = "lock-during-run"
+    interrupt = "interrupt"
 
 
 @dataclass
