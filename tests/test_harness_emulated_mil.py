@@ -46,7 +46,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
     root = tmp_path_factory.mktemp("builds")
     built = {}
     for kv in ("state", "input"):
-        variant = VariantSpec(attention="folded", kv=kv, context=CONTEXT)
+        variant = VariantSpec.model_validate({"attention": "folded", "kv": kv, "context": CONTEXT})
         report = build_variant("tiny-gqa", variant, root / kv)
         archive = pack_directory(root / kv, root / f"{kv}.zip")
         sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()

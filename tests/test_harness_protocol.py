@@ -225,6 +225,25 @@ def test_results_of_another_protocol_version_are_refused() -> None:
         RunResult.model_validate(data)
 
 
+def test_one_thermal_sample_per_prompt() -> None:
+    prompt = PromptResult.model_validate(SAMPLE_PROMPT)
+    fields = {
+        "device_udid": "u",
+        "device_class": "iphone-17-pro",
+        "product_type": "iPhone18,1",
+        "driver": "pymobiledevice3",
+        "simulated": False,
+        "load_time_cold_ms": 1,
+        "load_time_warm_ms": 1,
+        "peak_memory_bytes": 1,
+        "prompts": [prompt],
+    }
+
+    assert RunResult(**fields, prompt_thermal_states=["fair"]).prompt_thermal_states == ["fair"]
+    with pytest.raises(ValueError, match="2 prompt_thermal_states for 1 prompts"):
+        RunResult(**fields, prompt_thermal_states=["fair", "fair"])
+
+
 SAMPLE_PROMPT = {
     "prompt_index": 0,
     "prompt_tokens": 1,

@@ -118,7 +118,7 @@ public struct Harness {
         try interruption.check()
         try warmUp(&engine, token: first, steps: job.warmupSteps)
         try interruption.check()
-        let waitedMs = try DeviceMetrics.waitForNominal(limitS: job.thermalWaitS ?? HarnessProtocol.defaultThermalWaitS, interruption: interruption)
+        let waitedMs = try await DeviceMetrics.waitForNominal(limitS: job.thermalWaitS ?? HarnessProtocol.defaultThermalWaitS, interruption: interruption)
         let thermalStart = DeviceMetrics.thermalState()
         if thermalStart != .nominal { log("run \(job.runId): still \(thermalStart.rawValue) after \(Int(waitedMs)) ms; measuring anyway") }
         let observer = DeviceObserver(interruption: interruption)

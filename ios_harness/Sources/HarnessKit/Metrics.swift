@@ -45,12 +45,12 @@ public enum DeviceMetrics {
 
     /// Wait until the thermal state is nominal, at most `limitS` seconds, checking `interruption`
     /// every `pollS`; returns the milliseconds waited.
-    public static func waitForNominal(limitS: Double, pollS: Double = 1.0, interruption: Interruption) throws -> Double {
+    public static func waitForNominal(limitS: Double, pollS: Double = 1.0, interruption: Interruption) async throws -> Double {
         let started = MonotonicClock.now()
         let limitNs = UInt64(max(0, limitS) * 1e9)
         while thermalState() != .nominal && MonotonicClock.now() - started < limitNs {
             try interruption.check()
-            Thread.sleep(forTimeInterval: pollS)
+            try await Task.sleep(nanoseconds: UInt64(pollS * 1e9))
         }
         return Double(MonotonicClock.now() - started) / 1e6
     }
