@@ -76,7 +76,10 @@ final class ProtocolTests: XCTestCase {
         var engine = Scripted()
         let observer = Counting()
         observer.interruptAfter = 2
-        XCTAssertThrowsError(try runPrompt(&engine, prompt: HarnessPrompt(index: 0, tokenIds: [1, 2, 3]), decodeTokens: 3, observer: observer)) { error in
+        do {
+            _ = try runPrompt(&engine, prompt: HarnessPrompt(index: 0, tokenIds: [1, 2, 3]), decodeTokens: 3, observer: observer)
+            XCTFail("the sweep went on after the interruption")
+        } catch {
             XCTAssertEqual((error as? HarnessError)?.reason, .interrupted)
         }
         XCTAssertEqual(engine.steps.count, 2)
