@@ -239,3 +239,29 @@ def test_a_harness_under_any_bundle_id_launches_and_other_apps_do_not(
     assert phone.processes[pid].bundle_id == "org.example.lab.harness"
     with pytest.raises(LaunchRefused, match="org.example.notes declares no DecodebenchHarness"):
         launch_app(phone, "org.example.notes", [])
+
+
+def test_auto_tokens_run_without_ids_when_the_interpreter_cannot_read_the_package(
+    tmp_path: Path,
+) -> None:
+    phone = EmulatedFleet(tmp_path / "devices", tokens="auto").add("iphone-17-pro")
+    documents = push(phone, make_job())
+
+    assert launch(phone, documents) == ("exited", "exit code 0")
+
+    assert all(prompt.token_ids is None for prompt in results(documents).prompts)
+    assert (
+        "no token ids: the MIL interpreter cannot run it" in (documents / "harness.log").read_text()
+    )
+
+
+def test_mil_tokens_asked_for_explicitly_fail_the_run_when_the_package_is_unreadable(
+    tmp_path: Path,
+) -> None:
+    phone = EmulatedFleet(tmp_path / "devices", tokens="mil").add("iphone-17-pro")
+    documents = push(phone, make_job())
+
+    launch(phone, documents)
+
+    marker = done(documents)
+    assert (marker.ok, marker.reason) == (False, FailureReason.model_error)

@@ -199,7 +199,7 @@ def run_harness(
     profile = get_profile(device.identity.device_class)
     timing = device.timing
     try:
-        tokens = token_source(device, job, package, package_bytes)
+        tokens = token_source(device, job, package, package_bytes, say)
         clock = RooflineClock(
             profile,
             job.bytes_per_token,
@@ -279,15 +279,25 @@ def _finish(documents: Path, marker: DoneMarker) -> None:
 
 
 def token_source(
-    device: EmulatedDevice, job: HarnessJob, package: Path, package_bytes: int
+    device: EmulatedDevice,
+    job: HarnessJob,
+    package: Path,
+    package_bytes: int,
+    say: HarnessLog | None = None,
 ) -> TokenSource | None:
     """Greedy tokens for this run, per the device's `tokens` setting (see device.TOKEN_SOURCES):
-    auto and mil run the pushed package in the MIL interpreter (auto only up to
-    MIL_AUTO_MAX_BYTES), torch rebuilds the model from its preset, off gives none."""
-    if device.tokens == "off":
-        return None
-    if device.tokens == "mil" or (device.tokens == "auto" and package_bytes <= MIL_AUTO_MAX_BYTES):
+    mil runs the pushed package in the MIL interpreter; auto does too up to MIL_AUTO_MAX_BYTES,
+    and runs without token ids when the interpreter cannot load the program; torch rebuilds the
+    model from its preset; off gives none."""
+    if device.tokens == "mil":
         return MIL_SESSIONS.get(package)
+    if device.tokens == "auto" and package_bytes <= MIL_AUTO_MAX_BYTES:
+        try:
+            return MIL_SESSIONS.get(package)
+        except MilError as error:
+            if say is not None:
+                say(f"run {job.run_id}: no token ids: the MIL interpreter cannot run it: {error}")
+            return None
     if device.tokens == "torch" and job.variant is not None:
         return REFERENCES.get(job.model, job.variant)
     return None
