@@ -39,17 +39,31 @@ struct DecodebenchHarnessApp: App {
             index + 1 < arguments.count ? arguments[index + 1] : nil
         } ?? HarnessFiles.job
         UIApplication.shared.isIdleTimerDisabled = true  // no auto-lock mid-measurement
-        // Time to write the done marker if we are sent to the background mid-run.
-        var background = UIBackgroundTaskIdentifier.invalid
-        background = UIApplication.shared.beginBackgroundTask(withName: "decodebench run") {
-            UIApplication.shared.endBackgroundTask(background)
-            background = .invalid
-        }
+        let background = BackgroundTime()
+        background.begin()
         status = "running \(jobFile)"
         let harness = Harness(documents: documents, interruption: interruption)
         await Task.detached(priority: .userInitiated) { await harness.run(jobFile: jobFile) }.value
         UIApplication.shared.isIdleTimerDisabled = false
-        if background != .invalid { UIApplication.shared.endBackgroundTask(background) }
+        background.end()
         status = interruption.reason.map { "interrupted: \($0)" } ?? "finished \(jobFile)"
+    }
+}
+
+/// Time to write the done marker if the app is sent to the background mid-run.
+@MainActor
+final class BackgroundTime {
+    private var identifier = UIBackgroundTaskIdentifier.invalid
+
+    func begin() {
+        identifier = UIApplication.shared.beginBackgroundTask(withName: "decodebench run") { [self] in
+            MainActor.assumeIsolated { end() }
+        }
+    }
+
+    func end() {
+        guard identifier != .invalid else { return }
+        UIApplication.shared.endBackgroundTask(identifier)
+        identifier = .invalid
     }
 }

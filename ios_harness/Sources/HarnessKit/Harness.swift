@@ -40,7 +40,7 @@ struct JobHeader: Decodable {
 }
 
 @available(iOS 18.0, macOS 15.0, *)
-public struct Harness {
+public struct Harness: Sendable {
     public let documents: URL
     public let log: HarnessLog
     public let interruption: Interruption
