@@ -3,13 +3,14 @@
 Real tiny-gqa builds (coremltools) with the KV cache as state and as input: by default the
 emulated app takes its token ids from the pushed package run by the MIL interpreter, for both
 layouts, and they are the fp32 reference decoder's greedy tokens. The agent accepts a harness
-signed under another bundle id when configured for it, and an interruption fails the run with
-its reason.
+signed under another bundle id when configured for it, an interruption fails the run with its
+reason, and a job lost before launch ends the wait at once (a done marker, not a timeout).
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,13 @@ from decodebench.artifacts import pack_directory
 from decodebench.domain import VariantSpec
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
+from decodebench.harness import (
+    DONE_MARKER,
+    HARNESS_BUNDLE_ID,
+    JOB_FILE,
+    DoneMarker,
+    FailureReason,
+)
 from decodebench.protocol import DeviceInfo, RunAssignment, RunResult
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
@@ -168,3 +176,48 @@ def test_an_interrupted_run_fails_with_its_reason(
 
     with pytest.raises(DriverError, match="the harness failed: interrupted: the app left"):
         run(emulated, emulated.discover()[0], builds["state"], prompts=3)
+
+
+def test_a_job_gone_before_launch_fails_at_once_instead_of_at_the_timeout(
+    builds: dict[str, Build], fleet: EmulatedFleet, tmp_path: Path, drivers: list[EmulatedDriver]
+) -> None:
+    phone = fleet.add("iphone-17-pro", tokens="off")
+    emulated = driver(fleet, tmp_path, drivers)
+    device = emulated.discover()[0]
+    build = builds["state"]
+    job = build_job(
+        RunAssignment(
+            run_id=12,
+            sweep_id=1,
+            build_id=1,
+            model="tiny-gqa",
+            variant=build.variant,
+            variant_label=build.variant.label,
+            device_class=device.device_class,
+            prompts=1,
+            decode_tokens=2,
+            artifact_sha256=build.artifact.stem,
+            artifact_url="",
+            bytes_per_token=build.bytes_per_token,
+            lease_expires_at="2030-01-01T00:00:00+00:00",
+            lease_seconds=120,
+        ),
+        device,
+    )
+    emulated.prepare(device)
+    emulated.install(device, build.artifact)
+    emulated.push(device, job)
+    (phone.documents(HARNESS_BUNDLE_ID) / JOB_FILE).unlink()  # lost between push and launch
+    started = time.monotonic()
+
+    emulated.launch(device, job)
+    emulated.wait(device, job, 60, Cancellation())  # returns on the done marker
+
+    assert time.monotonic() - started < 10
+    marker = DoneMarker.model_validate_json(
+        (phone.documents(HARNESS_BUNDLE_ID) / DONE_MARKER).read_text()
+    )
+    assert (marker.ok, marker.reason) == (False, FailureReason.missing_job)
+    with pytest.raises(DriverError):
+        emulated.pull_results(device, job)
+    emulated.cleanup(device, job)
