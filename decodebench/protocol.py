@@ -9,7 +9,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 
 from decodebench.domain import VariantSpec
 
@@ -142,11 +150,13 @@ class RunResult(BaseModel):
         description="Largest physical footprint sampled after every step of the timed prompts "
         "(decode-time memory; compilation excluded, see decodebench.harness)",
     )
-    compile_peak_memory_bytes: int | None = Field(
+    compile_peak_memory_bytes: StrictInt | None = Field(
         default=None, ge=0, description="Footprint peak through on-device compile and loads"
     )
-    low_power_mode: bool | None = Field(default=None, description="Low Power Mode during the run")
-    thermal_wait_ms: float | None = Field(
+    low_power_mode: StrictBool | None = Field(
+        default=None, description="Low Power Mode during the run"
+    )
+    thermal_wait_ms: StrictFloat | None = Field(
         default=None, ge=0, description="Time waited for a nominal thermal state before timing"
     )
     prompt_thermal_states: list[ThermalState] | None = Field(
