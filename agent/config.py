@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.drivers.simulated import SimulatedDevice
+from decodebench.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES, get_profile
 
 ENV_PREFIX = "DECODEBENCH_"
@@ -45,6 +46,11 @@ class AgentSettings(BaseModel):
     emulated_tokens: Literal["auto", "torch", "mil", "off"] = "auto"
     usbmux_address: str | None = Field(default=None, description="HOST:PORT or socket path")
     harness_ipa: Path | None = None
+    harness_bundle_id: str = Field(
+        default=HARNESS_BUNDLE_ID,
+        pattern=r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$",
+        description="The harness app's bundle identifier (each signing team renames it)",
+    )
     tunneld_address: str | None = Field(default=None, description="HOST:PORT of tunneld")
     ddi_folder: Path | None = Field(
         default=None, description="Developer disk images to mount from (see agent/README.md)"
@@ -141,8 +147,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         choices=("auto", "torch", "mil", "off"),
         default=env("AGENT_EMULATED_TOKENS", "auto"),
         help="where the emulated harness gets greedy tokens: mil (the pushed package in the MIL "
-        "reference interpreter: faithful, slow), torch (the PyTorch reference), off, auto "
-        "(torch for small models)",
+        "reference interpreter: faithful, slow), torch (the PyTorch reference rebuilt from the "
+        "preset), off, auto (mil for packages up to 32 MiB, else none)",
     )
     parser.add_argument(
         "--usbmux-address",
@@ -151,6 +157,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--harness-ipa", type=Path, default=env("AGENT_HARNESS_IPA"), help="installed when missing"
+    )
+    parser.add_argument(
+        "--harness-bundle-id",
+        default=env("AGENT_HARNESS_BUNDLE_ID", HARNESS_BUNDLE_ID),
+        help="bundle identifier the harness was signed with (env AGENT_HARNESS_BUNDLE_ID); "
+        f"default {HARNESS_BUNDLE_ID}",
     )
     parser.add_argument(
         "--tunneld", default=env("AGENT_TUNNELD"), help="HOST:PORT of tunneld (iOS 17+)"
@@ -232,6 +244,7 @@ def parse_settings(
             emulated_tokens=args.emulated_tokens,
             usbmux_address=args.usbmux_address,
             harness_ipa=args.harness_ipa,
+            harness_bundle_id=args.harness_bundle_id,
             tunneld_address=args.tunneld,
             ddi_folder=args.ddi_folder,
             host_device_class=args.host_device_class,

@@ -1,11 +1,17 @@
 // swift-tools-version:5.9
 // The harness logic as a package (protocol types, the decode sweep, Core ML engine, metrics);
 // the iOS app target lives in project.yml (XcodeGen) and only wires the app lifecycle to it.
+//
+// Platforms are spelled as version strings: `.iOS(.v18)` / `.macOS(.v15)` exist only from
+// PackageDescription 6.0, while the string form is valid for every tools version from 5.0 on.
+// Tools 5.9 keeps the Swift 5 language mode, which Metrics.swift needs (`mach_task_self_` is a
+// shared mutable C global that Swift 6 mode rejects). tests/test_harness_swift_syntax.py checks
+// these spellings against the declared tools version.
 import PackageDescription
 
 let package = Package(
     name: "DecodebenchHarness",
-    platforms: [.iOS(.v18), .macOS(.v15)],
+    platforms: [.iOS("18.0"), .macOS("15.0")],
     products: [
         .library(name: "HarnessKit", targets: ["HarnessKit"]),
     ],

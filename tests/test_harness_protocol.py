@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from decodebench.contracts.protocol import PromptResult, RunResult
 from decodebench.emulated.timing import RooflineClock
 from decodebench.harness import (
     DoneMarker,
     HarnessJob,
     HarnessPrompt,
+    RunInterrupted,
     model_dir,
     package_path,
     run_prompt,
@@ -124,3 +126,130 @@ def test_job_layout_and_marker_round_trip() -> None:
     assert HarnessJob.model_validate_json(job.model_dump_json()) == job
     marker = DoneMarker(run_id=3, ok=False, error="model failed to compile")
     assert DoneMarker.model_validate_json(marker.model_dump_json()) == marker
+
+
+def job(**fields: object) -> HarnessJob:
+    values: dict[str, object] = {
+        "run_id": 3,
+        "model": "tiny-gqa",
+        "variant_label": "folded",
+        "device_class": "iphone-17-pro",
+        "artifact_sha256": "ab" * 32,
+        "bytes_per_token": 10,
+        "context_tokens": 64,
+        "decode_tokens": 8,
+        "prompt_set_version": "builtin-v1",
+        "prompts": [HarnessPrompt(index=0, token_ids=[1] * 57)],
+    }
+    return HarnessJob.model_validate({**values, **fields})
+
+
+def test_a_job_that_fits_its_context_exactly_is_accepted() -> None:
+    assert job(warmup_steps=64).warmup_steps == 64  # 57 + 8 - 1 = 64 positions
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"warmup_steps": 65}, "warmup_steps 65 exceeds the context of 64 tokens"),
+        (
+            {"decode_tokens": 9},
+            r"prompt 0: 57 prompt tokens \+ 9 decode tokens need 65 KV positions",
+        ),
+        ({"protocol_version": 2}, "job.json speaks harness protocol 2, the harness speaks 1"),
+        ({"thermal_wait_s": 601}, "thermal_wait_s"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+    ],
+)
+def test_a_job_the_harness_cannot_run_is_refused_with_the_reason(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        job(**fields)
+
+
+class Observer:
+    """Counts steps and prompts, interrupts after `interrupt_after` steps."""
+
+    def __init__(self, interrupt_after: int | None = None) -> None:
+        self.steps = 0
+        self.prompts = 0
+        self.interrupt_after = interrupt_after
+
+    def after_step(self) -> None:
+        self.steps += 1
+        if self.steps == self.interrupt_after:
+            raise RunInterrupted("the app resigned active")
+
+    def after_prompt(self, result: PromptResult) -> PromptResult:
+        self.prompts += 1
+        return result
+
+
+def test_the_observer_runs_after_every_step_outside_the_timings() -> None:
+    engine = ScriptedEngine()
+    observer = Observer()
+
+    result = run_prompt(engine, engine, HarnessPrompt(index=0, token_ids=[1, 2]), 3, observer)
+
+    assert observer.steps == 4  # 2 prefill + 2 decode steps
+    assert observer.prompts == 1
+    assert result.ttft_ms == 1 + 2  # the prefill steps only
+
+
+def test_an_interruption_ends_the_sweep_where_it_happens() -> None:
+    engine = ScriptedEngine()
+    prompts = [HarnessPrompt(index=i, token_ids=[1, 2]) for i in range(3)]
+
+    with pytest.raises(RunInterrupted):
+        run_prompts(engine, engine, prompts, 3, warmup_steps=0, observer=Observer(6))
+
+    assert len(engine.steps) == 6  # one whole prompt and two steps of the second
+
+
+def test_results_of_another_protocol_version_are_refused() -> None:
+    result = RunResult(
+        device_udid="u",
+        device_class="iphone-17-pro",
+        product_type="iPhone18,1",
+        driver="pymobiledevice3",
+        simulated=False,
+        load_time_cold_ms=1,
+        load_time_warm_ms=1,
+        peak_memory_bytes=1,
+        prompts=[PromptResult.model_validate(SAMPLE_PROMPT)],
+    )
+    data = result.model_dump() | {"protocol_version": 2}
+
+    with pytest.raises(ValueError, match="results speak protocol 2, this side speaks 1"):
+        RunResult.model_validate(data)
+
+
+def test_one_thermal_sample_per_prompt() -> None:
+    prompt = PromptResult.model_validate(SAMPLE_PROMPT)
+    fields = {
+        "device_udid": "u",
+        "device_class": "iphone-17-pro",
+        "product_type": "iPhone18,1",
+        "driver": "pymobiledevice3",
+        "simulated": False,
+        "load_time_cold_ms": 1,
+        "load_time_warm_ms": 1,
+        "peak_memory_bytes": 1,
+        "prompts": [prompt],
+    }
+
+    assert RunResult(**fields, prompt_thermal_states=["fair"]).prompt_thermal_states == ["fair"]
+    with pytest.raises(ValueError, match="2 prompt_thermal_states for 1 prompts"):
+        RunResult(**fields, prompt_thermal_states=["fair", "fair"])
+
+
+SAMPLE_PROMPT = {
+    "prompt_index": 0,
+    "prompt_tokens": 1,
+    "generated_tokens": 1,
+    "ttft_ms": 1.0,
+    "prefill_tok_s": 1.0,
+    "decode_tok_s": 1.0,
+    "token_latencies_ms": [1.0],
+}

@@ -2,7 +2,8 @@
 
 ios_harness cannot be compiled here, so its JSON contract is checked from the source: every
 `CodingKeys` raw value, optionality and type of the structs it writes (RunResult, PromptResult,
-DoneMarker) and reads (HarnessJob, HarnessPrompt), and the ThermalState cases.
+DoneMarker) and reads (HarnessJob with its `variant` and `protocol_version`, HarnessPrompt,
+VariantSpec), the cases of every enum both sides share, and the protocol constants.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from decodebench import harness
-from decodebench.contracts import protocol
+from decodebench.contracts import domain, protocol
 
 SWIFT = (
     Path(__file__).resolve().parent.parent
@@ -36,7 +37,28 @@ WRITTEN = {
     "PromptResult": protocol.PromptResult,
     "DoneMarker": harness.DoneMarker,
 }
-READ = {"HarnessJob": harness.HarnessJob, "HarnessPrompt": harness.HarnessPrompt}
+READ = {
+    "HarnessJob": harness.HarnessJob,
+    "HarnessPrompt": harness.HarnessPrompt,
+    "VariantSpec": domain.VariantSpec,
+}
+ENUMS = {
+    "ThermalState": protocol.ThermalState,
+    "FailureReason": harness.FailureReason,
+    "KVCache": domain.KVCache,
+    "Attention": domain.Attention,
+}
+# Keys the harness must read: without them it could not check the job or pick the KV layout.
+MUST_READ = {
+    "HarnessJob": {"protocol_version", "variant", "warmup_steps", "context_tokens"},
+    "VariantSpec": {"kv"},
+}
+CONSTANTS = {
+    "version": harness.HARNESS_PROTOCOL_VERSION,
+    "defaultThermalWaitS": harness.DEFAULT_THERMAL_WAIT_S,
+    "maxThermalWaitS": harness.MAX_THERMAL_WAIT_S,
+    "runIdEnvironment": harness.RUN_ID_ENVIRONMENT,
+}
 
 
 @dataclass(frozen=True)
@@ -136,11 +158,32 @@ def contract_problems(source: str) -> list[str]:
             extra = set(fields) - set(properties)
             if extra:
                 problems.append(f"{name}: Swift reads keys the agent never writes: {sorted(extra)}")
+            unread = MUST_READ.get(name, set()) - set(fields)
+            if unread:
+                problems.append(f"{name}: Swift does not read {sorted(unread)}")
         for key in set(fields) & set(properties):
             problems += type_problems(name, fields[key], properties[key])
-    thermal = {state.value for state in protocol.ThermalState}
-    if swift_enum_cases(source, "ThermalState") != thermal:
-        problems.append(f"ThermalState cases differ from {sorted(thermal)}")
+    for name, enum in ENUMS.items():
+        cases = {member.value for member in enum}
+        if swift_enum_cases(source, name) != cases:
+            problems.append(f"{name} cases differ from {sorted(cases)}")
+    problems += constant_problems(source)
+    return problems
+
+
+def constant_problems(source: str) -> list[str]:
+    block = re.search(r"public enum HarnessProtocol \{(.*?)\n\}", source, re.S)
+    if block is None:
+        return ["Swift has no enum HarnessProtocol"]
+    values = dict(re.findall(r"public static let (\w+) = (.+)", block.group(1)))
+    problems = []
+    for name, expected in CONSTANTS.items():
+        found = values.get(name, "").strip()
+        literal = f'"{expected}"' if isinstance(expected, str) else None
+        if found != literal and not (literal is None and found and float(found) == expected):
+            problems.append(
+                f"HarnessProtocol.{name} is {found or 'missing'}, Python says {expected}"
+            )
     return problems
 
 
@@ -168,12 +211,36 @@ def test_the_swift_codable_types_match_the_json_schema() -> None:
             "HarnessJob",
         ),
         (("case nominal, fair,", "case nominal, warm,"), "ThermalState cases differ"),
+        (("case state, input", "case state, host"), "KVCache cases differ"),
+        (("public let kv: KVCache?", "public let kv: String?"), "VariantSpec.kv: Swift String"),
+        (
+            (
+                ("    public let variant: VariantSpec?\n", ""),
+                ("        case variant\n", ""),
+            ),
+            "does not read ['variant']",
+        ),
+        (
+            (
+                ('case protocolVersion = "protocol_version"\n        case runId', "case runId"),
+                (
+                    "    public let protocolVersion: Int\n    public let runId",
+                    "    public let runId",
+                ),
+            ),
+            "does not read ['protocol_version']",
+        ),
+        (("case interrupted, missing_job", "case interrupt, missing_job"), "FailureReason"),
+        (("public static let version = 1", "public static let version = 2"), "version is 2"),
+        (("public var reason: FailureReason?", "public var reason: String?"), "reason: Swift"),
     ],
 )
-def test_the_check_catches_a_drifted_swift_type(edit: tuple[str, str], problem: str) -> None:
-    source = SWIFT.read_text()
-    assert edit[0] in source
-    drifted = source.replace(edit[0], edit[1], 1)
+def test_the_check_catches_a_drifted_swift_type(edit: tuple[Any, ...], problem: str) -> None:
+    edits = edit if isinstance(edit[0], tuple) else (edit,)
+    drifted = SWIFT.read_text()
+    for old, new in edits:
+        assert old in drifted
+        drifted = drifted.replace(old, new, 1)
 
     assert any(problem in message for message in contract_problems(drifted))
 

@@ -41,6 +41,7 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             harness_ipa=settings.harness_ipa,
             ddi_folder=settings.ddi_folder,
             min_battery=settings.min_battery,
+            bundle_id=settings.harness_bundle_id,
         )
         if settings.tunneld_address:
             host, _, port = settings.tunneld_address.rpartition(":")

@@ -119,7 +119,11 @@ class PromptResult(Incoming):
     prompt_index: StrictInt = Field(ge=0, lt=1000)
     prompt_tokens: StrictInt = Field(ge=1)
     generated_tokens: StrictInt = Field(ge=1)
-    ttft_ms: StrictFloat = Field(ge=0, description="Time to first token: prefill plus first decode")
+    ttft_ms: StrictFloat = Field(
+        ge=0,
+        description="Time to first token: the summed time of the prompt's prefill steps, the last "
+        "of which yields the first generated token (decodebench.harness)",
+    )
     prefill_tok_s: StrictFloat = Field(gt=0, le=MAX_RATE)
     decode_tok_s: StrictFloat = Field(gt=0, le=MAX_RATE)
     token_latencies_ms: list[Annotated[StrictFloat, Field(ge=0)]] = Field(min_length=1)
@@ -153,7 +157,23 @@ class RunResult(Incoming):
     simulated: StrictBool
     load_time_cold_ms: StrictFloat = Field(ge=0)
     load_time_warm_ms: StrictFloat = Field(ge=0)
-    peak_memory_bytes: StrictInt = Field(ge=0)
+    peak_memory_bytes: StrictInt = Field(
+        ge=0,
+        description="Largest physical footprint sampled after every step of the timed prompts "
+        "(decode-time memory; compilation excluded, see decodebench.harness)",
+    )
+    compile_peak_memory_bytes: StrictInt | None = Field(
+        default=None, ge=0, description="Footprint peak through on-device compile and loads"
+    )
+    low_power_mode: StrictBool | None = Field(
+        default=None, description="Low Power Mode during the run"
+    )
+    thermal_wait_ms: StrictFloat | None = Field(
+        default=None, ge=0, description="Time waited for a nominal thermal state before timing"
+    )
+    prompt_thermal_states: list[ThermalState] | None = Field(
+        default=None, description="Thermal state sampled right after each prompt, in order"
+    )
     thermal_state_start: ThermalState = ThermalState.unknown
     thermal_state_end: ThermalState = ThermalState.unknown
     timing_model: str = Field(
@@ -163,6 +183,16 @@ class RunResult(Incoming):
 
     @model_validator(mode="after")
     def _distinct_prompts(self) -> RunResult:
+        samples = self.prompt_thermal_states
+        if samples is not None and len(samples) != len(self.prompts):
+            raise ValueError(
+                f"{len(samples)} prompt_thermal_states for {len(self.prompts)} prompts"
+            )
+        if self.protocol_version != PROTOCOL_VERSION:
+            raise ValueError(
+                f"results speak protocol {self.protocol_version}, this side speaks "
+                f"{PROTOCOL_VERSION}: use a harness of the agent's release"
+            )
         indexes = [prompt.prompt_index for prompt in self.prompts]
         if len(set(indexes)) != len(indexes):
             raise ValueError("prompt_index values must be distinct")

@@ -1,10 +1,17 @@
 """The harness app of an emulated iPhone: the decode sweep protocol in Python, on a worker thread.
 
-It does what ios_harness does, minus Core ML: read ``job.json``, check the pushed package, run
-warm-up and every prompt through a step engine, write ``results.json`` atomically and then the
-``done`` marker. The step engine is the roofline clock of the device's profile (virtual time),
-with greedy tokens from the PyTorch reference decoder when that is cheap enough. After the
-computation the app sleeps ``time_scale`` x the run's virtual duration, so a demo takes time.
+It does what ios_harness does, minus Core ML: read ``job.json`` (a missing, unreadable or
+out-of-bounds job, or one of another protocol version, still ends with a done marker saying
+why), check the pushed package, run warm-up and every prompt through a step engine, write
+``results.json`` atomically and then the ``done`` marker. The step engine is the roofline clock
+of the device's profile (virtual time); greedy tokens come from the pushed package run by the
+MIL interpreter (``decodebench.emulated.artifact_tokens``) when it is small enough, or from the
+source the device is set to. Around the steps it measures what the phone's harness measures, by
+the same definitions (``decodebench.harness``): the footprint sampled after every step (a
+stated model: runtime + weights + KV cache), the compile peak apart, the thermal state after
+every prompt and a bounded wait for nominal, and an ``interrupt`` fault makes the app leave the
+foreground mid-run (``ok: false``, reason ``interrupted``). After the computation the app
+sleeps ``time_scale`` x the run's virtual duration, so a demo takes time.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,28 +28,30 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from decodebench.contracts.protocol import RunResult
+from decodebench.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
 from decodebench.emulated.faults import FaultKind
-from decodebench.emulated.reference import (
-    CHEAP_PARAMETERS,
-    ReferenceCache,
-    parameter_estimate,
-    resolve_config,
-)
+from decodebench.emulated.reference import ReferenceCache
+from decodebench.emulated.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
 from decodebench.emulated.timing import RooflineClock, TimingParameters, TokenSource, prompt_seed
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
-    HARNESS_BUNDLE_ID,
     HARNESS_LOG,
     HARNESS_PROCESS_NAME,
+    HARNESS_PROTOCOL_VERSION,
     JOB_FILE,
     PARTIAL_SUFFIX,
     RESULTS_FILE,
+    RUN_ID_ENVIRONMENT,
+    UNKNOWN_RUN_ID,
     DoneMarker,
+    FailureReason,
     HarnessJob,
+    RunInterrupted,
     results_digest,
     run_prompts,
 )
+from decodebench.mil.program import MilError
 from decodebench.profiles import DeviceProfile, get_profile
 
 if TYPE_CHECKING:
@@ -54,6 +64,9 @@ _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="emulated-app"
 REFERENCES = ReferenceCache()
 
 
+HARNESS_PROTOCOL_KEY = "DecodebenchHarnessProtocol"  # Info.plist key of the harness app
+
+
 class LaunchRefused(Exception):
     """The device would not launch the app; the message is what it says."""
 
@@ -62,7 +75,12 @@ class AppCrashed(Exception):
     pass
 
 
-def launch_app(device: EmulatedDevice, bundle_id: str, arguments: list[str]) -> int:
+def launch_app(
+    device: EmulatedDevice,
+    bundle_id: str,
+    arguments: list[str],
+    environment: Mapping[str, str] | None = None,
+) -> int:
     condition = device.condition
     if device.faults.take(FaultKind.lock_during_run):
         condition.locked = True
@@ -70,12 +88,17 @@ def launch_app(device: EmulatedDevice, bundle_id: str, arguments: list[str]) -> 
         raise LaunchRefused("Locked: the device is locked; unlock it to launch applications")
     if not condition.developer_mode:
         raise LaunchRefused("DeveloperModeDisabled: turn on Developer Mode to launch applications")
-    if bundle_id not in device.apps:
+    record = device.apps.get(bundle_id)
+    if record is None:
         raise LaunchRefused(f"ApplicationLookupFailed: {bundle_id} is not installed")
-    if bundle_id != HARNESS_BUNDLE_ID:
-        raise LaunchRefused(f"NotSupported: the emulator only runs {HARNESS_BUNDLE_ID}")
+    # Any bundle identifier (operators rename it for their team), as long as it is the harness.
+    if HARNESS_PROTOCOL_KEY not in record.info:
+        raise LaunchRefused(
+            f"NotSupported: {bundle_id} declares no {HARNESS_PROTOCOL_KEY}; the emulator only "
+            "runs the decodebench harness"
+        )
     process = device.new_process(bundle_id)
-    _EXECUTOR.submit(_run_process, device, process, arguments)
+    _EXECUTOR.submit(_run_process, device, process, arguments, dict(environment or {}))
     return process.pid
 
 
@@ -95,12 +118,14 @@ class HarnessLog:
         self._device.syslog.emit(f"{stamp} {self._prefix} <Notice>: {message}")
 
 
-def _run_process(device: EmulatedDevice, process: AppProcess, arguments: list[str]) -> None:
+def _run_process(
+    device: EmulatedDevice, process: AppProcess, arguments: list[str], environment: dict[str, str]
+) -> None:
     documents = device.documents(process.bundle_id)
     say = HarnessLog(device, process, documents)
     try:
         say(f"launched with arguments {arguments}")
-        state, reason = run_harness(device, process, documents, say)
+        state, reason = run_harness(device, process, documents, say, environment)
     except AppCrashed as crash:
         say(f"fatal error: {crash}")
         state, reason = "crashed", str(crash)
@@ -110,43 +135,98 @@ def _run_process(device: EmulatedDevice, process: AppProcess, arguments: list[st
     device.end_process(process, state, reason)
 
 
+class JobRefused(Exception):
+    """job.json cannot be run; the done marker says why."""
+
+    def __init__(self, run_id: int, reason: FailureReason, message: str) -> None:
+        super().__init__(message)
+        self.run_id, self.reason = run_id, reason
+
+
+def read_job(documents: Path, environment: Mapping[str, str]) -> HarnessJob:
+    """The job, or JobRefused with the run it belonged to (from the job, else the launch)."""
+    launched = environment.get(RUN_ID_ENVIRONMENT, "")
+    run_id = int(launched) if launched.lstrip("-").isdigit() else UNKNOWN_RUN_ID
+    path = documents / JOB_FILE
+    if not path.is_file():
+        raise JobRefused(run_id, FailureReason.missing_job, f"no {JOB_FILE} in Documents")
+    try:
+        raw = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise JobRefused(run_id, FailureReason.bad_job, f"unreadable {JOB_FILE}: {error}") from None
+    if isinstance(raw, dict) and isinstance(raw.get("run_id"), int):
+        run_id = raw["run_id"]
+    version = raw.get("protocol_version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and version != HARNESS_PROTOCOL_VERSION:
+        raise JobRefused(
+            run_id,
+            FailureReason.protocol_version,
+            f"{JOB_FILE} speaks harness protocol {version}, the harness speaks "
+            f"{HARNESS_PROTOCOL_VERSION}: install the harness of the agent's release",
+        )
+    try:
+        return HarnessJob.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'job'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise JobRefused(
+            run_id, FailureReason.bad_job, f"unusable {JOB_FILE}: {problems}"
+        ) from None
+
+
 def run_harness(
-    device: EmulatedDevice, process: AppProcess, documents: Path, say: HarnessLog
+    device: EmulatedDevice,
+    process: AppProcess,
+    documents: Path,
+    say: HarnessLog,
+    environment: Mapping[str, str] | None = None,
 ) -> tuple[str, str]:
     """The app's main(); returns its final (state, reason)."""
     try:
-        job = HarnessJob.model_validate_json((documents / JOB_FILE).read_text())
-    except (OSError, ValidationError) as error:
-        _finish(documents, DoneMarker(run_id=-1, ok=False, error=f"unreadable {JOB_FILE}: {error}"))
-        say(f"no usable {JOB_FILE}: {error}")
-        return "exited", "exit code 1"
+        job = read_job(documents, environment or {})
+    except JobRefused as refused:
+        return _failed(documents, say, refused.run_id, refused.reason, str(refused))
     package = documents / job.package_path
     if not (package.parent / COMPLETE_MARKER).exists() or not (package / "Manifest.json").is_file():
         message = f"model package {job.package_path} is missing or incomplete"
-        _finish(documents, DoneMarker(run_id=job.run_id, ok=False, error=message))
-        say(message)
-        return "exited", "exit code 1"
+        return _failed(documents, say, job.run_id, FailureReason.missing_package, message)
     package_bytes = sum(path.stat().st_size for path in package.rglob("*") if path.is_file())
     say(f"run {job.run_id}: compiling {job.package_path} ({package_bytes:,} bytes)")
     if device.faults.take(FaultKind.app_crash):
         raise AppCrashed("EXC_BAD_ACCESS (SIGSEGV) while loading the model")
     profile = get_profile(device.identity.device_class)
-    tokens = token_source(device, job, package)
-    clock = RooflineClock(
-        profile,
-        job.bytes_per_token,
-        prompt_seed(job.run_id, device.udid, 0),
-        device.timing.jitter,
-        tokens,
-    )
-    say(f"run {job.run_id}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
-    if tokens is not None:
-        with tokens.lock:
-            prompts = run_prompts(clock, clock, job.prompts, job.decode_tokens, job.warmup_steps)
-    else:
-        prompts = run_prompts(clock, clock, job.prompts, job.decode_tokens, job.warmup_steps)
     timing = device.timing
-    condition = device.condition
+    try:
+        tokens = token_source(device, job, package, package_bytes, say)
+        clock = RooflineClock(
+            profile,
+            job.bytes_per_token,
+            prompt_seed(job.run_id, device.udid, 0),
+            timing.jitter,
+            tokens,
+        )
+        footprint = Footprint.of(job, package_bytes, timing.runtime_overhead_bytes)
+        observer = EmulatedObserver(device, job, footprint)
+        condition = device.condition
+        waited_ms = thermal_wait_ms(condition.thermal_state, job.thermal_wait_s)
+        thermal_start = condition.thermal_state
+        say(f"run {job.run_id}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
+        if tokens is not None:
+            with tokens.lock:
+                prompts = run_prompts(
+                    clock, clock, job.prompts, job.decode_tokens, job.warmup_steps, observer
+                )
+        else:
+            prompts = run_prompts(
+                clock, clock, job.prompts, job.decode_tokens, job.warmup_steps, observer
+            )
+    except RunInterrupted as interrupted:
+        message = f"interrupted: {interrupted}; the run is abandoned"
+        return _failed(documents, say, job.run_id, FailureReason.interrupted, message)
+    except MilError as error:
+        return _failed(documents, say, job.run_id, FailureReason.model_error, str(error))
     result = RunResult(
         device_udid=job.device_udid or device.udid,
         device_class=job.device_class,
@@ -156,13 +236,18 @@ def run_harness(
         simulated=True,
         load_time_cold_ms=timing.cold_load_ms(package_bytes),
         load_time_warm_ms=timing.warm_load_ms(package_bytes),
-        peak_memory_bytes=timing.peak_memory_bytes(package_bytes),
-        thermal_state_start=condition.thermal_state,
+        peak_memory_bytes=observer.decode_peak_bytes,
+        compile_peak_memory_bytes=footprint.compile_peak_bytes,
+        low_power_mode=False,
+        thermal_wait_ms=waited_ms,
+        prompt_thermal_states=observer.thermal_samples,
+        thermal_state_start=thermal_start,
         thermal_state_end=condition.thermal_state,
-        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, tokens),
+        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, tokens)
+        + f"; {footprint.describe()}",
         prompts=prompts,
     )
-    virtual_s = timing.cold_load_ms(package_bytes) / 1000 + clock.elapsed_s
+    virtual_s = timing.cold_load_ms(package_bytes) / 1000 + (waited_ms / 1000) + clock.elapsed_s
     wall_s = virtual_s * device.time_scale
     if device.faults.take(FaultKind.slow):
         say(f"run {job.run_id}: running slowly (thermal throttling?)")
@@ -179,60 +264,43 @@ def run_harness(
     return "exited", "exit code 0"
 
 
+def _failed(
+    documents: Path, say: HarnessLog, run_id: int, reason: FailureReason, message: str
+) -> tuple[str, str]:
+    _finish(documents, DoneMarker(run_id=run_id, ok=False, error=message, reason=reason))
+    say(f"run {run_id}: failed ({reason.value}): {message}")
+    return "exited", "exit code 0" if reason == FailureReason.interrupted else "exit code 1"
+
+
 def _finish(documents: Path, marker: DoneMarker) -> None:
     partial = documents / (DONE_MARKER + PARTIAL_SUFFIX)
     partial.write_text(json.dumps(marker.model_dump(mode="json")))
     partial.replace(documents / DONE_MARKER)
 
 
-def token_source(device: EmulatedDevice, job: HarnessJob, package: Path) -> TokenSource | None:
-    """Greedy tokens for this run, per the device's `tokens` setting (see device.TOKEN_SOURCES)."""
-    if device.tokens == "off" or job.variant is None:
-        return None
+def token_source(
+    device: EmulatedDevice,
+    job: HarnessJob,
+    package: Path,
+    package_bytes: int,
+    say: HarnessLog | None = None,
+) -> TokenSource | None:
+    """Greedy tokens for this run, per the device's `tokens` setting (see device.TOKEN_SOURCES):
+    mil runs the pushed package in the MIL interpreter; auto does too up to MIL_AUTO_MAX_BYTES,
+    and runs without token ids when the interpreter cannot load the program; torch rebuilds the
+    model from its preset; off gives none."""
     if device.tokens == "mil":
         return MIL_SESSIONS.get(package)
-    config = resolve_config(job.model, job.variant)
-    if device.tokens == "auto" and parameter_estimate(config) > CHEAP_PARAMETERS:
-        return None
-    return REFERENCES.get(job.model, job.variant)
-
-
-class MilTokens(TokenSource):
-    """The pushed package itself, run by the MIL reference interpreter (decodebench.mil)."""
-
-    source = "the pushed package run by the MIL reference interpreter"
-
-    def __init__(self, package: Path) -> None:
-        from decodebench.mil.verify import open_session
-
-        self.session = open_session(package)
-        self.lock = threading.Lock()
-
-    def reset(self) -> None:
-        self.session.reset()
-
-    def step(self, token: int, position: int) -> int:
-        return self.session.next_token(token, position)
-
-
-class MilSessions:
-    """One interpreter session per package path (loading one parses the whole program)."""
-
-    def __init__(self, capacity: int = 2) -> None:
-        self._capacity = capacity
-        self._sessions: dict[Path, MilTokens] = {}
-        self._lock = threading.Lock()
-
-    def get(self, package: Path) -> MilTokens:
-        with self._lock:
-            session = self._sessions.pop(package, None) or MilTokens(package)
-            self._sessions[package] = session
-            while len(self._sessions) > self._capacity:
-                self._sessions.pop(next(iter(self._sessions)))
-            return session
-
-
-MIL_SESSIONS = MilSessions()
+    if device.tokens == "auto" and package_bytes <= MIL_AUTO_MAX_BYTES:
+        try:
+            return MIL_SESSIONS.get(package)
+        except MilError as error:
+            if say is not None:
+                say(f"run {job.run_id}: no token ids: the MIL interpreter cannot run it: {error}")
+            return None
+    if device.tokens == "torch" and job.variant is not None:
+        return REFERENCES.get(job.model, job.variant)
+    return None
 
 
 def describe_emulated_timing(
@@ -252,6 +320,5 @@ def describe_emulated_timing(
         f"the prompt one token at a time, as the converted model does; load cold = "
         f"{timing.cold_load_fixed_ms:g} ms + package bytes / {timing.cold_load_bytes_s / 1e6:g} "
         f"MB/s, warm = {timing.warm_load_fixed_ms:g} ms + package bytes / "
-        f"{timing.warm_load_bytes_s / 1e6:g} MB/s; peak memory = package bytes + "
-        f"{timing.runtime_overhead_bytes / 2**20:g} MiB; {tokens_from}"
+        f"{timing.warm_load_bytes_s / 1e6:g} MB/s; {tokens_from}"
     )

@@ -11,6 +11,8 @@ hot); a *fault* fires on an event of a run, a number of times:
 - ``killed-by-os``: the OS kills the harness (jetsam) right after DVT launched it;
 - ``ddi-mount-refused``: the image mounter refuses to mount the developer disk image;
 - ``tunnel-drop``: the iOS 17+ tunnel goes away when the harness is launched.
+- ``interrupt``: the harness leaves the foreground mid-run (an app switch, a call): it abandons
+  the run with ``ok: false``, reason ``interrupted`` (``decodebench.emulated.run_watch``).
 
 Standing conditions: ``locked``, ``developer-mode-off``, ``not-paired``, ``untrusted-profile``
 (the harness's developer profile is not trusted: DVT launches are denied), ``ddi-mounted`` (the
@@ -39,6 +41,7 @@ class FaultKind(StrEnum):
     killed_by_os = "killed-by-os"
     ddi_mount_refused = "ddi-mount-refused"
     tunnel_drop = "tunnel-drop"
+    interrupt = "interrupt"
 
 
 @dataclass

@@ -15,9 +15,11 @@ from decodebench.harness import HARNESS_BUNDLE_ID, HARNESS_PROCESS_NAME, HARNESS
 APP_NAME = HARNESS_PROCESS_NAME
 
 
-def make_harness_ipa(destination: Path, version: str = "1.0", build: str = "1") -> Path:
+def make_harness_ipa(
+    destination: Path, version: str = "1.0", build: str = "1", bundle_id: str = HARNESS_BUNDLE_ID
+) -> Path:
     info = {
-        "CFBundleIdentifier": HARNESS_BUNDLE_ID,
+        "CFBundleIdentifier": bundle_id,
         "CFBundleName": APP_NAME,
         "CFBundleDisplayName": "decodebench harness",
         "CFBundleExecutable": APP_NAME,

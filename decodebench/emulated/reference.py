@@ -19,9 +19,6 @@ if TYPE_CHECKING:
 
     from decodebench.modeling import DecodeStepModel, HostCache
 
-# "Cheap" reference tokens: below this many parameters an emulated run computes them.
-CHEAP_PARAMETERS = 50_000_000
-
 
 def resolve_config(model: str, variant: VariantSpec) -> ModelConfig:
     config = get_preset(model)

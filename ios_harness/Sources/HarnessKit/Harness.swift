@@ -1,12 +1,14 @@
 // The harness's main job: read Documents/job.json, run the sweep with Core ML, write
-// results.json atomically, then the done marker (with the results' SHA-256).
+// results.json atomically, then the done marker (with the results' SHA-256). Every way a run can
+// end writes a done marker: ok, or ok: false with a FailureReason (interrupted, missing_job,
+// bad_job, protocol_version, missing_package, model_error) and a message.
 import CryptoKit
 import Foundation
 import os
 
 public final class HarnessLog: @unchecked Sendable {
     private let url: URL
-    private let logger = Logger(subsystem: "dev.decodebench.harness", category: "run")
+    private let logger = Logger(subsystem: Bundle.main.bundleIdentifier ?? "dev.decodebench.harness", category: "run")
     private let lock = NSLock()
 
     public init(documents: URL) { url = documents.appendingPathComponent(HarnessFiles.log) }
@@ -26,32 +28,68 @@ public final class HarnessLog: @unchecked Sendable {
     }
 }
 
+/// Just the fields that say whose job it is, decoded even when the rest of job.json does not.
+struct JobHeader: Decodable {
+    let runId: Int?
+    let protocolVersion: Int?
+
+    enum CodingKeys: String, CodingKey {
+        case runId = "run_id"
+        case protocolVersion = "protocol_version"
+    }
+}
+
 @available(iOS 18.0, macOS 15.0, *)
-public struct Harness {
+public struct Harness: Sendable {
     public let documents: URL
     public let log: HarnessLog
+    public let interruption: Interruption
 
-    public init(documents: URL) {
+    public init(documents: URL, interruption: Interruption = Interruption()) {
         self.documents = documents
         self.log = HarnessLog(documents: documents)
+        self.interruption = interruption
     }
 
-    /// Run the job named by `--job` (default job.json); always ends with a done marker.
+    /// The run the agent launched us for (its environment), until job.json says otherwise.
+    static func launchRunId() -> Int {
+        ProcessInfo.processInfo.environment[HarnessProtocol.runIdEnvironment].flatMap { Int($0) } ?? -1
+    }
+
+    /// Run the job named by `--job` (default job.json); always ends with a done marker, also
+    /// when the job is missing or unreadable (the agent must not wait for its timeout).
     public func run(jobFile: String = HarnessFiles.job) async {
-        var runId = -1
+        var runId = Harness.launchRunId()
         do {
-            let job = try JSONDecoder().decode(HarnessJob.self, from: Data(contentsOf: documents.appendingPathComponent(jobFile)))
+            let url = documents.appendingPathComponent(jobFile)
+            guard FileManager.default.fileExists(atPath: url.path) else { throw HarnessError.missingJob(jobFile) }
+            let data: Data
+            do { data = try Data(contentsOf: url) } catch { throw HarnessError.badJob("cannot read \(jobFile): \(error)") }
+            let header = try? JSONDecoder().decode(JobHeader.self, from: data)
+            runId = header?.runId ?? runId
+            if let version = header?.protocolVersion, version != HarnessProtocol.version {
+                throw HarnessError.protocolMismatch("\(jobFile) speaks harness protocol \(version), the harness speaks \(HarnessProtocol.version): install the harness of the agent's release")
+            }
+            let job: HarnessJob
+            do { job = try JSONDecoder().decode(HarnessJob.self, from: data) } catch { throw HarnessError.badJob("\(jobFile) does not decode: \(error)") }
             runId = job.runId
+            if let problem = jobProblem(job) { throw HarnessError.badJob(problem) }
             let result = try await measure(job)
-            let data = try JSONEncoder().encode(result)
-            try atomicWrite(data, to: HarnessFiles.results)
-            let digest = SHA256.hash(data: data).map { String(format: "%02x", $0) }.joined()
+            let encoded = try JSONEncoder().encode(result)
+            try atomicWrite(encoded, to: HarnessFiles.results)
+            let digest = SHA256.hash(data: encoded).map { String(format: "%02x", $0) }.joined()
             try writeDone(DoneMarker(runId: runId, ok: true, resultsSha256: digest, error: nil))
             log("run \(runId): done")
+        } catch let error as HarnessError {
+            fail(runId, error.reason, error.description)
         } catch {
-            log("run \(runId): failed: \(error)")
-            try? writeDone(DoneMarker(runId: runId, ok: false, resultsSha256: nil, error: "\(error)"))
+            fail(runId, .model_error, "\(error)")
         }
+    }
+
+    func fail(_ runId: Int, _ reason: FailureReason, _ message: String) {
+        log("run \(runId): failed (\(reason.rawValue)): \(message)")
+        try? writeDone(DoneMarker(runId: runId, ok: false, resultsSha256: nil, error: message, reason: reason))
     }
 
     func measure(_ job: HarnessJob) async throws -> RunResult {
@@ -60,21 +98,35 @@ public struct Harness {
         guard FileManager.default.fileExists(atPath: complete.path) else {
             throw HarnessError.missingPackage(job.packagePath)
         }
-        guard let first = job.prompts.first?.tokenIds.first else { throw HarnessError.badJob("no prompts") }
-        let thermalStart = DeviceMetrics.thermalState()
-        log("run \(job.runId): compiling \(job.packagePath)")
-        let (loaded, load) = try await CoreMLEngine.load(package: package, context: job.contextTokens)
+        let first = job.prompts[0].tokenIds[0]  // jobProblem: prompts and their tokens exist
+        let lowPowerMode = DeviceMetrics.lowPowerMode()
+        log("run \(job.runId): compiling \(job.packagePath)\(lowPowerMode ? " (Low Power Mode is on)" : "")")
+        CompiledModels.removeAll()  // what a killed run left behind
+        let compileStart = MonotonicClock.now()
+        let compiled: URL
+        do {
+            compiled = try await CompiledModels.compile(package, name: job.artifactSha256)
+        } catch {
+            throw HarnessError.model("compiling \(job.packagePath) failed: \(error)")
+        }
+        defer { try? FileManager.default.removeItem(at: compiled) }
+        let compileNs = MonotonicClock.now() - compileStart
+        let (loaded, load) = try await CoreMLEngine.load(compiled: compiled, compileNs: compileNs, context: job.contextTokens, kv: job.variant?.kv)
+        let compilePeak = DeviceMetrics.footprint().lifetimePeak
         var engine = loaded
-        var peak = DeviceMetrics.footprint().peak
+        log("run \(job.runId): loaded (kv=\(engine.kv.rawValue)), warming up \(job.warmupSteps) steps")
+        try interruption.check()
         try warmUp(&engine, token: first, steps: job.warmupSteps)
+        try interruption.check()
+        let waitedMs = try await DeviceMetrics.waitForNominal(limitS: job.thermalWaitS ?? HarnessProtocol.defaultThermalWaitS, interruption: interruption)
+        let thermalStart = DeviceMetrics.thermalState()
+        if thermalStart != .nominal { log("run \(job.runId): still \(thermalStart.rawValue) after \(Int(waitedMs)) ms; measuring anyway") }
+        let observer = DeviceObserver(interruption: interruption)
         var prompts: [PromptResult] = []
         for prompt in job.prompts {
-            guard prompt.tokenIds.count + job.decodeTokens - 1 <= job.contextTokens else {
-                throw HarnessError.badJob("prompt \(prompt.index) does not fit the context")
-            }
-            prompts.append(try runPrompt(&engine, prompt: prompt, decodeTokens: job.decodeTokens))
-            peak = max(peak, DeviceMetrics.footprint().peak)
+            prompts.append(try runPrompt(&engine, prompt: prompt, decodeTokens: job.decodeTokens, observer: observer))
         }
+        try interruption.check()
         return RunResult(
             deviceUdid: job.deviceUdid,
             deviceClass: job.deviceClass,
@@ -83,7 +135,11 @@ public struct Harness {
             driver: job.driver,
             loadTimeColdMs: load.coldMs,
             loadTimeWarmMs: load.warmMs,
-            peakMemoryBytes: Int(peak),
+            peakMemoryBytes: Int(observer.decodePeakBytes),
+            compilePeakMemoryBytes: Int(compilePeak),
+            lowPowerMode: lowPowerMode,
+            thermalWaitMs: waitedMs,
+            promptThermalStates: observer.thermalSamples,
             thermalStateStart: thermalStart,
             thermalStateEnd: DeviceMetrics.thermalState(),
             prompts: prompts

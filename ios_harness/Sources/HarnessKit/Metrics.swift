@@ -1,10 +1,15 @@
 // What the harness reports about the device: memory footprint (task_info), thermal state,
-// product type and OS version.
+// Low Power Mode, product type and OS version.
+//
+// Memory, one definition on every side (decodebench/harness.py): `peak_memory_bytes` is the
+// largest phys_footprint sampled after every step of the timed prompts (decode-time memory);
+// `compile_peak_memory_bytes` is the lifetime footprint peak once compilation and loads are done.
 import Foundation
 
 public enum DeviceMetrics {
-    /// The process's physical footprint and its lifetime peak, in bytes (what jetsam counts).
-    public static func footprint() -> (current: UInt64, peak: UInt64) {
+    /// The process's physical footprint now and its lifetime peak, in bytes (what jetsam counts).
+    /// `mach_task_self_` is a C global: this file relies on Swift 5 language mode (Package.swift).
+    public static func footprint() -> (current: UInt64, lifetimePeak: UInt64) {
         var info = task_vm_info_data_t()
         var count = mach_msg_type_number_t(MemoryLayout<task_vm_info_data_t>.size / MemoryLayout<integer_t>.size)
         let result = withUnsafeMutablePointer(to: &info) { pointer in
@@ -20,6 +25,10 @@ public enum DeviceMetrics {
         ThermalState(ProcessInfo.processInfo.thermalState)
     }
 
+    public static func lowPowerMode() -> Bool {
+        ProcessInfo.processInfo.isLowPowerModeEnabled
+    }
+
     /// e.g. "iPhone17,1"
     public static func productType() -> String {
         var system = utsname()
@@ -32,5 +41,64 @@ public enum DeviceMetrics {
     public static func osVersion() -> String {
         let version = ProcessInfo.processInfo.operatingSystemVersion
         return "\(version.majorVersion).\(version.minorVersion).\(version.patchVersion)"
+    }
+
+    /// Wait until the thermal state is nominal, at most `limitS` seconds, checking `interruption`
+    /// every `pollS`; returns the milliseconds waited.
+    public static func waitForNominal(limitS: Double, pollS: Double = 1.0, interruption: Interruption) async throws -> Double {
+        let started = MonotonicClock.now()
+        let limitNs = UInt64(max(0, limitS) * 1e9)
+        while thermalState() != .nominal && MonotonicClock.now() - started < limitNs {
+            try interruption.check()
+            try await Task.sleep(nanoseconds: UInt64(pollS * 1e9))
+        }
+        return Double(MonotonicClock.now() - started) / 1e6
+    }
+}
+
+/// Set from the main thread when the app leaves the foreground; checked by the sweep between
+/// steps. Sticky: one interruption spoils the run.
+public final class Interruption: @unchecked Sendable {
+    private let lock = NSLock()
+    private var why: String?
+
+    public init() {}
+
+    public func interrupt(_ reason: String) {
+        lock.lock()
+        defer { lock.unlock() }
+        if why == nil { why = reason }
+    }
+
+    public var reason: String? {
+        lock.lock()
+        defer { lock.unlock() }
+        return why
+    }
+
+    public func check() throws {
+        if let reason = reason { throw HarnessError.interrupted(reason) }
+    }
+}
+
+/// The sweep's observer on the phone: interruption checks, footprint samples after every step,
+/// the thermal state after every prompt.
+public final class DeviceObserver: SweepObserver {
+    public let interruption: Interruption
+    public private(set) var decodePeakBytes: UInt64 = 0
+    public private(set) var thermalSamples: [ThermalState] = []
+
+    public init(interruption: Interruption) {
+        self.interruption = interruption
+    }
+
+    public func afterStep() throws {
+        decodePeakBytes = max(decodePeakBytes, DeviceMetrics.footprint().current)
+        try interruption.check()
+    }
+
+    public func afterPrompt(_ result: PromptResult) -> PromptResult {
+        thermalSamples.append(DeviceMetrics.thermalState())
+        return result
     }
 }

@@ -17,6 +17,43 @@ public enum ThermalState: String, Codable, Sendable {
     }
 }
 
+/// decodebench.domain.Attention: how the build lays out grouped-query attention.
+public enum Attention: String, Codable, Sendable {
+    case repeat_kv, folded
+}
+
+/// decodebench.domain.KVCache: where the KV cache lives.
+public enum KVCache: String, Codable, Sendable {
+    case state, input
+}
+
+/// decodebench.harness.FailureReason: why a done marker says ok: false.
+public enum FailureReason: String, Codable, Sendable {
+    case interrupted, missing_job, bad_job, protocol_version, missing_package, model_error
+}
+
+public enum HarnessProtocol {
+    /// decodebench.harness.HARNESS_PROTOCOL_VERSION; also Info.plist's DecodebenchHarnessProtocol.
+    public static let version = 1
+    public static let defaultThermalWaitS = 60.0
+    public static let maxThermalWaitS = 600.0
+    /// Set by the agent at launch: which run a missing or unreadable job.json belonged to.
+    public static let runIdEnvironment = "DECODEBENCH_RUN_ID"
+}
+
+/// The variant the job's package was built as (decodebench.domain.VariantSpec, the keys read).
+public struct VariantSpec: Codable, Sendable {
+    public let attention: Attention?
+    public let kv: KVCache?
+    public let context: Int?
+
+    enum CodingKeys: String, CodingKey {
+        case attention
+        case kv
+        case context
+    }
+}
+
 /// Documents/job.json, pushed by the agent.
 public struct HarnessJob: Codable, Sendable {
     public let protocolVersion: Int
@@ -32,7 +69,9 @@ public struct HarnessJob: Codable, Sendable {
     public let contextTokens: Int
     public let decodeTokens: Int
     public let warmupSteps: Int
+    public let thermalWaitS: Double?
     public let promptSetVersion: String
+    public let variant: VariantSpec?
     public let prompts: [HarnessPrompt]
 
     enum CodingKeys: String, CodingKey {
@@ -49,7 +88,9 @@ public struct HarnessJob: Codable, Sendable {
         case contextTokens = "context_tokens"
         case decodeTokens = "decode_tokens"
         case warmupSteps = "warmup_steps"
+        case thermalWaitS = "thermal_wait_s"
         case promptSetVersion = "prompt_set_version"
+        case variant
         case prompts
     }
 }
@@ -89,7 +130,7 @@ public struct PromptResult: Codable, Sendable {
 
 /// Documents/results.json (decodebench.contracts.protocol.RunResult).
 public struct RunResult: Codable, Sendable {
-    public var protocolVersion: Int = 1
+    public var protocolVersion: Int = HarnessProtocol.version
     public var deviceUdid: String
     public var deviceClass: String
     public var productType: String
@@ -98,7 +139,14 @@ public struct RunResult: Codable, Sendable {
     public var simulated: Bool = false
     public var loadTimeColdMs: Double
     public var loadTimeWarmMs: Double
+    /// Largest phys_footprint sampled after every step of the timed prompts (decode memory).
     public var peakMemoryBytes: Int
+    /// Lifetime footprint peak when compilation and both loads are done.
+    public var compilePeakMemoryBytes: Int?
+    public var lowPowerMode: Bool?
+    public var thermalWaitMs: Double?
+    /// Sampled right after each prompt, in prompt order.
+    public var promptThermalStates: [ThermalState]?
     public var thermalStateStart: ThermalState
     public var thermalStateEnd: ThermalState
     public var timingModel: String = ""
@@ -115,6 +163,10 @@ public struct RunResult: Codable, Sendable {
         case loadTimeColdMs = "load_time_cold_ms"
         case loadTimeWarmMs = "load_time_warm_ms"
         case peakMemoryBytes = "peak_memory_bytes"
+        case compilePeakMemoryBytes = "compile_peak_memory_bytes"
+        case lowPowerMode = "low_power_mode"
+        case thermalWaitMs = "thermal_wait_ms"
+        case promptThermalStates = "prompt_thermal_states"
         case thermalStateStart = "thermal_state_start"
         case thermalStateEnd = "thermal_state_end"
         case timingModel = "timing_model"
@@ -128,12 +180,16 @@ public struct DoneMarker: Codable, Sendable {
     public var ok: Bool
     public var resultsSha256: String?
     public var error: String?
+    public var reason: FailureReason?
+    public var protocolVersion: Int = HarnessProtocol.version
 
     enum CodingKeys: String, CodingKey {
         case runId = "run_id"
         case ok
         case resultsSha256 = "results_sha256"
         case error
+        case reason
+        case protocolVersion = "protocol_version"
     }
 }
 
