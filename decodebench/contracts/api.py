@@ -51,6 +51,10 @@ class RunSummary(_Response):
     product_type: str
     os_version: str
     timing_model: str
+    compile_peak_memory_bytes: int | None = None
+    low_power_mode: bool | None = None
+    thermal_wait_ms: float | None = None
+    prompt_thermal_states: list[ThermalState] | None = None
 
 
 class RunView(_Response):

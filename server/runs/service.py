@@ -241,5 +241,9 @@ def _run_summary(result: RunResult, rows: Sequence[PromptResultRow]) -> dict[str
         product_type=result.product_type,
         os_version=result.os_version,
         timing_model=result.timing_model,
+        compile_peak_memory_bytes=result.compile_peak_memory_bytes,
+        low_power_mode=result.low_power_mode,
+        thermal_wait_ms=result.thermal_wait_ms,
+        prompt_thermal_states=result.prompt_thermal_states,
     )
     return summary.model_dump(mode="json")
