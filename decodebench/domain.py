@@ -132,6 +132,13 @@ class SweepSpec(BaseModel):
     prompts: int = Field(default=30, ge=1, le=30, description="Prompts of the built-in set")
     decode_tokens: int = Field(default=32, ge=1, le=1024, description="Tokens decoded per prompt")
     repetitions: int = Field(default=1, ge=1, le=10, description="Runs per variant and device")
+    noise_scale: float | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description="Scale of the simulated/emulated devices' timing noise (0: none); "
+        "None: the agent's setting. Real devices ignore it",
+    )
 
     @field_validator("model")
     @classmethod

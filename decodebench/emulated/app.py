@@ -26,7 +26,13 @@ from decodebench.emulated.reference import (
     parameter_estimate,
     resolve_config,
 )
-from decodebench.emulated.timing import RooflineClock, TimingParameters, TokenSource, prompt_seed
+from decodebench.emulated.timing import (
+    RooflineClock,
+    RunNoise,
+    TimingParameters,
+    TokenSource,
+    prompt_seed,
+)
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -132,12 +138,11 @@ def run_harness(
         raise AppCrashed("EXC_BAD_ACCESS (SIGSEGV) while loading the model")
     profile = get_profile(device.identity.device_class)
     tokens = token_source(device, job, package)
+    noise = RunNoise.for_run(
+        profile, device.timing, device.udid, job.run_id, device.condition.thermal_state.value
+    )
     clock = RooflineClock(
-        profile,
-        job.bytes_per_token,
-        prompt_seed(job.run_id, device.udid, 0),
-        device.timing.jitter,
-        tokens,
+        profile, job.bytes_per_token, noise, prompt_seed(job.run_id, device.udid, 0), tokens
     )
     say(f"run {job.run_id}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
     if tokens is not None:
@@ -159,7 +164,7 @@ def run_harness(
         peak_memory_bytes=timing.peak_memory_bytes(package_bytes),
         thermal_state_start=condition.thermal_state,
         thermal_state_end=condition.thermal_state,
-        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, tokens),
+        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, noise, tokens),
         prompts=prompts,
     )
     virtual_s = timing.cold_load_ms(package_bytes) / 1000 + clock.elapsed_s
@@ -239,6 +244,7 @@ def describe_emulated_timing(
     profile: DeviceProfile,
     bytes_per_token: int,
     timing: TimingParameters,
+    noise: RunNoise,
     tokens: TokenSource | None,
 ) -> str:
     latency_ms = 1000 / profile.predicted_tok_s(bytes_per_token)
@@ -247,8 +253,8 @@ def describe_emulated_timing(
         f"emulated iPhone (fake usbmuxd, lockdown, installation_proxy, house_arrest/AFC; no Core "
         f"ML executed): every model step = bytes_per_token ({bytes_per_token:,} B) / effective "
         f"bandwidth ({profile.effective_bandwidth_mb_s:,.1f} MB/s, {profile.device_class} profile: "
-        f"{profile.source}) = {latency_ms:.4f} ms, times uniform jitter in "
-        f"[{1 - timing.jitter:g}, {1 + timing.jitter:g}] seeded by (run, device); prefill steps "
+        f"{profile.source}) = {latency_ms:.4f} ms, times {noise.describe()}, seeded by (run, "
+        f"device); prefill steps "
         f"the prompt one token at a time, as the converted model does; load cold = "
         f"{timing.cold_load_fixed_ms:g} ms + package bytes / {timing.cold_load_bytes_s / 1e6:g} "
         f"MB/s, warm = {timing.warm_load_fixed_ms:g} ms + package bytes / "
