@@ -112,3 +112,23 @@ def simulated_pair(
 def mean_decode_tok_s(runs: Sequence[RunMeasurement]) -> float:
     """A sweep cell's headline figure: mean decode tok/s over every prompt of every run."""
     return float(np.mean([prompt.decode_tok_s for run in runs for prompt in run.prompts]))
+
+
+def nightly_value(
+    profile: DeviceProfile,
+    timing: TimingParameters,
+    design: SimulatedDesign,
+    bytes_per_token: int,
+    udid: str,
+    first_run_id: int,
+    prompt_tokens: Sequence[int],
+) -> float:
+    """One night's figure for a series: the mean decode tok/s over every prompt of the
+    `design.repetitions` runs of one variant, each run a fresh draw of the noise model."""
+    rates = []
+    for run_id in range(first_run_id, first_run_id + design.repetitions):
+        run = simulate_decode(
+            profile, timing, bytes_per_token, udid, run_id, prompt_tokens, design.decode_tokens
+        )
+        rates.append(design.decode_tokens / run.latencies_s.sum(axis=1))
+    return float(np.mean(rates))
