@@ -39,6 +39,7 @@ from decodebench.profiles import IPHONE_17_PRO
 
 BYTES_PER_TOKEN = 1_400_000_000
 STEPS = (0.02, 0.05, 0.10)
+PROMPT_TOKENS = SimulatedDesign().prompt_tokens()
 
 
 class History:
@@ -48,7 +49,7 @@ class History:
         self.design = SimulatedDesign(repetitions=args.repetitions)
         self.timing = TimingParameters(noise_scale=args.noise_scale)
         self.settings = DetectionSettings(min_effect=args.min_effect)
-        self.prompt_tokens = self.design.prompt_tokens()
+        self.prompt_tokens = PROMPT_TOKENS
         rng = np.random.default_rng([seed, trial, round(step * 1000)])
         first = self.settings.min_history + 2
         self.step = step
@@ -93,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Measure nightly regression detection.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--nights", type=int, default=60)
-    parser.add_argument("--trials", type=int, default=200, help="histories per condition")
+    parser.add_argument("--trials", type=int, default=150, help="histories per condition")
     parser.add_argument("--repetitions", type=int, default=2, help="runs per nightly sweep")
     parser.add_argument("--noise-scale", type=float, default=1.0)
     parser.add_argument("--min-effect", type=float, default=0.02)

@@ -134,3 +134,18 @@ def test_bad_nightly_input_is_refused() -> None:
         confirm_change(suspect, [])
     with pytest.raises(ValueError, match="min_effect"):
         DetectionSettings(min_effect=0.7)
+
+
+def test_the_t_test_is_scipys_ttest_ind_from_stats_with_population_deviations() -> None:
+    from scipy.stats import ttest_ind_from_stats
+
+    from decodebench.judging.changepoints import t_test_pvalue
+
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        left = rng.normal(0, 1, int(rng.integers(2, 30)))
+        right = rng.normal(rng.normal(), 1, int(rng.integers(1, 30)))
+        expected = ttest_ind_from_stats(
+            left.mean(), left.std(), len(left), right.mean(), right.std(), len(right)
+        ).pvalue
+        assert t_test_pvalue(left, right) == pytest.approx(expected, rel=1e-9)

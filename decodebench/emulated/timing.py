@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,9 +68,9 @@ def prompt_seed(run_id: int, udid: str, prompt_index: int) -> int:
     return _seed(run_id, udid, prompt_index)
 
 
-def _log_normal(rng: np.random.Generator, sigma: float) -> float:
+def _log_normal(seed: int, sigma: float) -> float:
     # Mean 1: the spread moves single values, not the average the roofline predicts.
-    return float(np.exp(sigma * rng.standard_normal() - sigma**2 / 2))
+    return math.exp(sigma * random.Random(seed).gauss(0.0, 1.0) - sigma**2 / 2)
 
 
 class RunNoise:
@@ -81,12 +82,8 @@ class RunNoise:
         self.noise = noise
         self.scale = scale
         self.thermal_state = thermal_state
-        self.device_factor = _log_normal(
-            np.random.default_rng(_seed("device", udid)), noise.device_spread * scale
-        )
-        self.run_factor = _log_normal(
-            np.random.default_rng(_seed("run", run_id, udid)), noise.run_spread * scale
-        )
+        self.device_factor = _log_normal(_seed("device", udid), noise.device_spread * scale)
+        self.run_factor = _log_normal(_seed("run", run_id, udid), noise.run_spread * scale)
 
     @classmethod
     def for_run(

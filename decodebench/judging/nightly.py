@@ -21,7 +21,13 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from decodebench.judging.changepoints import change_points, t_test_pvalue
+from decodebench.judging.changepoints import (
+    ChangePoint,
+    best_cut,
+    change_points,
+    t_test_pvalue,
+    tested_cut,
+)
 from decodebench.judging.models import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT, JudgingError
 
 
@@ -96,6 +102,35 @@ def _checked(values: Sequence[float], what: str) -> np.ndarray:
     return array
 
 
+def _newest_change(
+    window: np.ndarray, settings: DetectionSettings
+) -> tuple[ChangePoint, int] | None:
+    """The newest change point and where the level before it starts.
+
+    E-divisive's split/merge finds the levels of the window. A change on the newest night or
+    two can be lost in the merge (spurious weak cuts next to it leave it one-value segments
+    whose t-test says nothing), so the newest level is also cut once more on its own: its best
+    E-divisive cut, tested between the whole level and the nights after the cut.
+    """
+    points = change_points(
+        window,
+        window=settings.window,
+        max_pvalue=settings.max_pvalue,
+        min_magnitude=settings.min_effect,
+    )
+    recent = len(window) - settings.lookback
+    if points and points[-1].index >= recent:
+        return points[-1], points[-2].index if len(points) > 1 else 0
+    level_start = points[-1].index if points else 0
+    level = window[level_start:]
+    if len(level) < 2:
+        return None
+    cut, qhat = best_cut(level)
+    if level_start + cut < recent:
+        return None
+    return tested_cut(window, level_start + cut, qhat, level_start, len(window)), level_start
+
+
 def suspect_change(
     series: Sequence[float], settings: DetectionSettings | None = None
 ) -> SuspectedChange | None:
@@ -104,29 +139,25 @@ def suspect_change(
     values = _checked(series, "series")
     offset = max(0, len(values) - settings.window)
     window = values[offset:]
-    points = change_points(
-        window,
-        window=settings.window,
-        max_pvalue=settings.max_pvalue,
-        min_magnitude=settings.min_effect,
-    )
-    if not points:
+    newest = _newest_change(window, settings)
+    if newest is None:
         return None
-    newest = points[-1]
-    previous = points[-2].index if len(points) > 1 else 0
-    before = window[previous : newest.index]
-    recent = newest.index >= len(window) - settings.lookback
-    if not recent or len(before) < settings.min_history or newest.pvalue > settings.max_pvalue:
+    point, level_start = newest
+    if (
+        len(window) - point.index > settings.lookback
+        or point.index - level_start < settings.min_history
+    ):
         return None
-    if abs(newest.forward_change) < settings.min_effect:
+    if point.pvalue > settings.max_pvalue or abs(point.forward_change) < settings.min_effect:
         return None
+    before = window[level_start : point.index]
     return SuspectedChange(
-        index=offset + newest.index,
-        direction=_direction(newest.forward_change, settings.higher_is_better),
-        relative_change=newest.forward_change,
-        mean_before=newest.mean_before,
-        mean_after=newest.mean_after,
-        pvalue=newest.pvalue,
+        index=offset + point.index,
+        direction=_direction(point.forward_change, settings.higher_is_better),
+        relative_change=point.forward_change,
+        mean_before=point.mean_before,
+        mean_after=point.mean_after,
+        pvalue=point.pvalue,
         before=tuple(float(value) for value in before),
     )
 
