@@ -12,7 +12,8 @@ change is an alert. Histories are seeded: the same arguments print the same figu
 - false alarms: confirmed alerts in histories without a change, per 100 judged nights;
 - detection rate: share of histories with a step of 2%, 5% or 10% slower tok/s, starting at a
   random night, in which that regression is confirmed by the end of the history;
-- nights to confirm: first bad night = night 1.
+- nights to confirm: first bad night = night 1;
+- re-run suspicions: clean nights that cost a confirmation re-run (dismissed unless an alarm).
 
     python bench/regression_detection.py --json
 """
@@ -56,6 +57,7 @@ class History:
         self.step_night = int(rng.integers(first, args.nights - 6)) if step else args.nights
         self.udid = f"sim-nightly-{seed}-{trial}-{round(step * 1000)}"
         self.next_run_id = 1
+        self.suspicions: list[int] = []  # nights that needed a confirmation re-run
 
     def measure(self, night: int) -> float:
         # A step of s slower tok/s: the build moves 1 / (1 - s) times the bytes per token.
@@ -81,6 +83,7 @@ class History:
             suspect = suspect_change(active, self.settings)
             if suspect is None:
                 continue
+            self.suspicions.append(night)
             confirmation = confirm_change(suspect, [self.measure(night)], self.settings)
             if confirmation.outcome is Outcome.confirmed:
                 alerts.append((night, suspect.direction))
@@ -103,7 +106,7 @@ def main() -> None:
     started = time.monotonic()
     settings = DetectionSettings(min_effect=args.min_effect)
 
-    false_alarms, judged_nights = 0, 0
+    false_alarms, judged_nights, clean_suspicions = 0, 0, 0
     detection: dict[str, float] = {}
     nights_to_confirm: dict[str, float | None] = {}
     for step in (0.0, *STEPS):
@@ -114,6 +117,7 @@ def main() -> None:
             clean_nights = min(history.step_night, args.nights)
             judged_nights += max(0, clean_nights - settings.min_history)
             false_alarms += sum(night < history.step_night for night, _ in alerts)
+            clean_suspicions += sum(night < history.step_night for night in history.suspicions)
             confirmed = [
                 night
                 for night, direction in alerts
@@ -135,6 +139,9 @@ def main() -> None:
         "judged_clean_nights": judged_nights,
         "false_alarms": false_alarms,
         "false_alarms_per_100_nights": round(100 * false_alarms / max(judged_nights, 1), 3),
+        "rerun_suspicions_per_100_clean_nights": round(
+            100 * clean_suspicions / max(judged_nights, 1), 3
+        ),
         "detection_rate": detection,
         "median_nights_to_confirm": nights_to_confirm,
         "seconds": round(time.monotonic() - started, 1),
