@@ -33,6 +33,7 @@ from decodebench.judging.nightly import (
     Direction,
     Outcome,
     confirm_change,
+    series_after,
     suspect_change,
 )
 from decodebench.judging.simulation import SimulatedDesign, nightly_value
@@ -87,9 +88,7 @@ class History:
             confirmation = confirm_change(suspect, [self.measure(night)], self.settings)
             if confirmation.outcome is Outcome.confirmed:
                 alerts.append((night, suspect.direction))
-                del active[: suspect.index]  # the new level is the baseline from now on
-            else:
-                del active[suspect.index :]  # the suspected nights were noise: set them aside
+            active = series_after(active, confirmation)
         return alerts
 
 

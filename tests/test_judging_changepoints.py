@@ -15,6 +15,7 @@ from decodebench.judging.nightly import (
     Direction,
     Outcome,
     confirm_change,
+    series_after,
     suspect_change,
 )
 
@@ -98,6 +99,8 @@ def test_a_drop_on_the_newest_night_needs_a_confirmation_re_run() -> None:
     dismissed = confirm_change(suspect, [99.8])
     assert dismissed.outcome is Outcome.dismissed and "band" in dismissed.reason
     assert confirm_change(suspect, [104.0]).outcome is Outcome.dismissed  # the other way
+    assert series_after(series, confirmed) == [93.0]  # the new level is the baseline
+    assert series_after(series, dismissed) == series[:20]  # the noisy night is set aside
 
 
 def test_a_quiet_history_and_a_change_below_the_band_raise_nothing() -> None:

@@ -196,3 +196,13 @@ def confirm_change(
         pvalue=pvalue,
         reason=reason,
     )
+
+
+def series_after(series: Sequence[float], confirmation: Confirmation) -> list[float]:
+    """The series to judge from the next night on: after a confirmed change the new level is
+    the baseline (the nights before it leave); after a dismissal the suspected nights are set
+    aside as noise."""
+    index = confirmation.suspect.index
+    if confirmation.outcome is Outcome.confirmed:
+        return list(series[index:])
+    return list(series[:index])
