@@ -197,3 +197,20 @@ def test_t_quantiles_come_from_scipy_and_match_the_published_table() -> None:
     assert summary.ci95_half_width == pytest.approx(4.303 * 1.0 / 3**0.5, abs=1e-3)
     with pytest.raises(ValueError, match="non-finite"):
         summarize([1.0, float("inf")])
+
+
+def test_the_judge_imports_without_torch_or_coremltools() -> None:
+    import subprocess
+    import sys
+
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'coremltools', 'transformers'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import decodebench.judging.gate, decodebench.judging.nightly\n"
+        "import decodebench.judging.simulation, decodebench.judging.verdicts, decodebench.stats\n"
+    )
+    subprocess.run([sys.executable, "-c", blocker], check=True)
