@@ -69,6 +69,9 @@ class AgentSettings(BaseModel):
         default=None, gt=0, description="None: the interval the server asks for at registration"
     )
     time_scale: float = Field(default=0.0, ge=0, description="Sleep this fraction of sim time")
+    noise_scale: float = Field(
+        default=1.0, ge=0, le=10, description="Scale of simulated/emulated timing noise; 0: none"
+    )
     run_timeout_s: float = Field(default=3600.0, gt=0)
     once: bool = Field(default=False, description="Exit once no device found work for idle_polls")
     idle_polls: int = Field(default=3, ge=1)
@@ -201,6 +204,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("AGENT_TIME_SCALE", "0"),
         help="simulated devices sleep this fraction of their simulated run time (0: no sleep)",
     )
+    parser.add_argument(
+        "--noise-scale",
+        type=float,
+        default=env("AGENT_NOISE_SCALE", "1"),
+        help="scale the stand-in devices' timing noise (docs/noise-model.md); 0: none",
+    )
     parser.add_argument("--run-timeout", type=float, default=env("AGENT_RUN_TIMEOUT", "3600"))
     parser.add_argument(
         "--once",
@@ -257,6 +266,7 @@ def parse_settings(
             poll_interval_s=args.poll_interval,
             heartbeat_interval_s=args.heartbeat_interval,
             time_scale=args.time_scale,
+            noise_scale=args.noise_scale,
             run_timeout_s=args.run_timeout,
             once=args.once,
             idle_polls=args.idle_polls,

@@ -13,11 +13,72 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BANDWIDTH = "effective_bandwidth_mb_s"
 OVERHEAD = "dispatch_overhead_us"
 PARAMETERS = (BANDWIDTH, OVERHEAD)
+
+
+THERMAL_STATES = ("nominal", "fair", "serious", "critical")
+
+
+class DeviceNoise(BaseModel):
+    """How a stand-in device (simulated, emulated) of this class jitters; see docs/noise-model.md.
+
+    Every figure is a relative standard deviation or a rate; `noise_scale` (agent or sweep
+    option) multiplies the spreads, slow-downs and the outlier rate, 0 turning all noise off.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token_jitter: float = Field(
+        default=0.03, ge=0, le=0.5, description="Per-token latency, log-normal sigma"
+    )
+    run_spread: float = Field(
+        default=0.01, ge=0, le=0.5, description="Per-run latency offset on one device, sigma"
+    )
+    device_spread: float = Field(
+        default=0.02, ge=0, le=0.5, description="Per-device latency offset (by UDID), sigma"
+    )
+    thermal_slowdown: dict[str, float] = Field(
+        default_factory=lambda: {"nominal": 0.01, "fair": 0.04, "serious": 0.12, "critical": 0.3},
+        description="Latency growth approached after sustained decode, per thermal state",
+    )
+    thermal_time_constant_s: float = Field(
+        default=300.0, gt=0, description="Seconds of sustained work to reach 63% of it"
+    )
+    outlier_rate: float = Field(
+        default=0.001, ge=0, le=0.1, description="Share of tokens that hit a stall"
+    )
+    outlier_factor: tuple[float, float] = Field(
+        default=(5.0, 20.0), description="A stalled token takes this many times longer (uniform)"
+    )
+    source: str = Field(
+        default="chosen assumptions, documented in docs/noise-model.md",
+        description="Where the figures come from",
+    )
+
+    @field_validator("thermal_slowdown")
+    @classmethod
+    def _every_state(cls, value: dict[str, float]) -> dict[str, float]:
+        missing = [state for state in THERMAL_STATES if state not in value]
+        if missing:
+            raise ValueError(f"thermal_slowdown lacks {', '.join(missing)}")
+        if any(not 0 <= factor <= 2 for factor in value.values()):
+            raise ValueError("thermal_slowdown values must be in [0, 2]")
+        return value
+
+    @field_validator("outlier_factor")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not 1 <= value[0] <= value[1]:
+            raise ValueError("outlier_factor must be (low, high) with 1 <= low <= high")
+        return value
+
+    def slowdown(self, thermal_state: str) -> float:
+        # An unknown thermal state is treated as nominal: the stand-in devices report one.
+        return self.thermal_slowdown.get(thermal_state, self.thermal_slowdown["nominal"])
 
 
 class DeviceProfile(BaseModel):
@@ -39,6 +100,9 @@ class DeviceProfile(BaseModel):
     )
     calibration_runs: int = Field(default=0, ge=0, description="Runs the fit used")
     calibration_builds: int = Field(default=0, ge=0, description="Distinct builds among them")
+    noise: DeviceNoise = Field(
+        default_factory=DeviceNoise, description="Noise of the simulated/emulated stand-in"
+    )
 
     @property
     def effective_bandwidth_bytes_s(self) -> float:

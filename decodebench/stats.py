@@ -1,4 +1,4 @@
-"""Small statistics used wherever measured rates are summarised."""
+"""Small statistics used wherever measured rates are summarised (quantiles from scipy)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,7 @@ import math
 from collections.abc import Sequence
 
 from pydantic import BaseModel
-
-# Two-sided 95% Student t quantiles for 1..30 degrees of freedom; the normal value beyond.
-_T95 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
+from scipy import stats as scipy_stats
 
 
 class Summary(BaseModel):
@@ -31,15 +25,18 @@ class Summary(BaseModel):
 
 
 def t95(degrees_of_freedom: int) -> float:
+    """The two-sided 95% Student t quantile; infinite when there is no degree of freedom."""
     if degrees_of_freedom < 1:
         return math.inf
-    return _T95[degrees_of_freedom - 1] if degrees_of_freedom <= len(_T95) else 1.960
+    return float(scipy_stats.t.ppf(0.975, degrees_of_freedom))
 
 
 def summarize(values: Sequence[float]) -> Summary:
     """Mean with a 95% confidence interval (Student t), for samples of one or more values."""
     if not values:
         raise ValueError("cannot summarise an empty sample")
+    if not all(math.isfinite(value) for value in values):
+        raise ValueError("cannot summarise a sample with a non-finite value")
     n = len(values)
     mean = math.fsum(values) / n
     if n == 1:

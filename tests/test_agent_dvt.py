@@ -85,13 +85,13 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
                         == 2
                     ),
                     "every broken phone has failed a run",
-                    state=lambda: sweep_state(client, sweep["id"]),
+                    state=lambda: sweep_state(client, sweep.id),
                 )
                 inventory = {info.udid: info for info in agent.inventory()}
                 largest, unknown = largest_queued_model(settings, stack.tokens["user"])
                 fleet.usbmuxd.attach(ios16.udid)
                 fleet.usbmuxd.attach(ios18.udid)
-                finished = finish(stack, client, sweep["id"], timeout_s=240)
+                finished = finish(stack, client, sweep.id, timeout_s=240)
             statuses = device_status()
         finally:
             agent.request_stop("test finished")
@@ -130,6 +130,7 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
     # doctor sizes the queue from the server: the running sweep's build
     (build,) = finished["builds"]
     with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
-        report = client.get_build(build["id"])["report"]
-    assert (largest, unknown) == (report["analysis"]["weight_file_bytes"], "")
+        report = client.get_build(build["id"]).report
+    assert report is not None
+    assert (largest, unknown) == (report.analysis.weight_file_bytes, "")
     assert largest > 0

@@ -27,6 +27,7 @@ from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
+from decodebench.emulated.timing import TimingParameters
 from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
 from decodebench.profiles import IPHONE_17_PRO
 
@@ -155,7 +156,7 @@ def test_devices_are_discovered_with_their_lockdown_identity(
 def test_a_run_installs_pushes_launches_and_pulls(
     fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
 ) -> None:
-    phone = fleet.add("iphone-17-pro")
+    phone = fleet.add("iphone-17-pro", timing=TimingParameters(noise_scale=0))  # bare roofline
     driver = make_driver()
     device = driver.discover()[0]
     build = builds["folded"]

@@ -198,7 +198,7 @@ def test_ios_18_goes_through_tunneld_and_remote_service_discovery(
                 state = await launcher.state(client, pid)
             # no job.json: the harness exits at once, which DVT's termination notice reports
             assert state == type(state)(False, "exited with code 1")
-            assert any("no usable job.json" in line for line in launcher.output(device.udid))
+            assert any("no job.json" in line for line in launcher.output(device.udid))
             await launcher.kill(client, pid)
 
     asyncio.run(scenario())

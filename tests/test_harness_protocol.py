@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from decodebench.contracts.protocol import PromptResult, RunResult
-from decodebench.emulated.timing import RooflineClock
+from decodebench.emulated.timing import RooflineClock, RunNoise, TimingParameters
 from decodebench.harness import (
     DoneMarker,
     HarnessJob,
@@ -91,7 +91,8 @@ def test_warm_up_steps_are_run_then_forgotten() -> None:
 
 def test_the_roofline_clock_charges_bytes_over_bandwidth_per_step() -> None:
     bytes_per_token = 500_000_000
-    clock = RooflineClock(IPHONE_16_PRO, bytes_per_token, seed=1, jitter=0.0)
+    noise = RunNoise.for_run(IPHONE_16_PRO, TimingParameters(noise_scale=0), "udid", 1)
+    clock = RooflineClock(IPHONE_16_PRO, bytes_per_token, noise, seed=1)
 
     result = run_prompt(
         clock, clock, HarnessPrompt(index=0, token_ids=[1, 2, 3, 4]), decode_tokens=5

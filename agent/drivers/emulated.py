@@ -18,6 +18,7 @@ from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Drive
 from decodebench.emulated.ddi import write_ddi_folder
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
+from decodebench.emulated.timing import TimingParameters
 
 DRIVER_NAME = "emulated"
 
@@ -27,6 +28,7 @@ class EmulatedSetup:
     device_classes: tuple[str, ...]
     faults: dict[int, tuple[str, ...]] = field(default_factory=dict)
     time_scale: float = 0.0
+    noise_scale: float = 1.0
     tokens: str = "auto"
     reattach_after_s: float | None = 2.0
     slow_s: float = 30.0
@@ -57,6 +59,7 @@ def start_emulated_driver(
         work_dir / "emulated" / "devices",
         seed=seed,
         time_scale=setup.time_scale,
+        timing=TimingParameters(noise_scale=setup.noise_scale),
         tokens=setup.tokens,
         reattach_after_s=setup.reattach_after_s,
         slow_s=setup.slow_s,

@@ -7,13 +7,17 @@ import dataclasses
 from agent.config import AgentSettings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.simulated import SimulatedDriver
+from decodebench.emulated.timing import TimingParameters
 
 
 def build_driver(settings: AgentSettings) -> DeviceDriver:
     """The driver `--driver` names; heavy dependencies are imported only for the one in use."""
     if settings.driver == "simulated":
         return SimulatedDriver(
-            settings.simulated_devices(), settings.work_dir, time_scale=settings.time_scale
+            settings.simulated_devices(),
+            settings.work_dir,
+            time_scale=settings.time_scale,
+            timing=TimingParameters(noise_scale=settings.noise_scale),
         )
     if settings.driver == "emulated":
         from agent.drivers.emulated import EmulatedSetup, start_emulated_driver
@@ -23,6 +27,7 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             device_classes=settings.simulated,
             faults=parse_fault_specs(settings.emulated_faults, len(settings.simulated)),
             time_scale=settings.time_scale,
+            noise_scale=settings.noise_scale,
             tokens=settings.emulated_tokens,
         )
         return start_emulated_driver(

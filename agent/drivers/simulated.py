@@ -4,12 +4,16 @@ Everything the agent does around a run is real (download, unpack and check the a
 write the job, read back and validate results.json); only the phone is replaced by a formula,
 and every result says so (`simulated=True`, `driver="simulated"`, `timing_model`).
 
-The model (docs/device-profiles.md), per prompt, seeded by (run id, device UDID, prompt index):
+The model (decodebench.emulated.timing, docs/noise-model.md), seeded by (run id, device UDID)
+so a run reproduces exactly:
 
-- decode latency per token = bytes_per_token / effective bandwidth of the device profile,
-  times an independent jitter factor per token, uniform in [1 - jitter, 1 + jitter];
+- decode latency per token = bytes_per_token / effective bandwidth of the device profile, times
+  the profile's noise: a device offset (per UDID), a run offset, a thermal slow-down growing over
+  the run's sustained work towards the slow-down of the device's thermal state, per-token
+  log-normal jitter and rare stalls (a token 5-20x slower); `TimingParameters.noise_scale`
+  scales it all, 0 leaving the bare roofline;
 - prefill latency per prompt token = decode latency / `prefill_parallelism` (prefill reads
-  the weights once per batch of prompt tokens), times one jitter factor per prompt;
+  the weights once per batch of prompt tokens), times one noise factor per prompt;
 - load time: cold = fixed + package bytes / cold rate (stands in for the on-device compile),
   warm = fixed + package bytes / warm rate; peak memory = package bytes + runtime overhead
   (the KV state is not modelled).
@@ -18,7 +22,6 @@ The model (docs/device-profiles.md), per prompt, seeded by (run id, device UDID,
 from __future__ import annotations
 
 import logging
-import random
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -33,7 +36,12 @@ from agent.drivers.base import (
 )
 from decodebench.client import file_sha256
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
-from decodebench.emulated.timing import TimingParameters, decode_latency_s, prompt_seed
+from decodebench.emulated.timing import (
+    RunNoise,
+    TimingParameters,
+    decode_latency_s,
+    simulate_decode,
+)
 from decodebench.profiles import DeviceProfile, get_profile
 
 log = logging.getLogger(__name__)
@@ -47,22 +55,22 @@ RESULTS_FILE = "results.json"
 class SimulatedDevice:
     udid: str
     device_class: str
+    thermal_state: ThermalState = ThermalState.nominal
 
 
 def describe_timing_model(
-    profile: DeviceProfile, bytes_per_token: int, timing: TimingParameters
+    profile: DeviceProfile, bytes_per_token: int, timing: TimingParameters, noise: RunNoise
 ) -> str:
     latency_ms = decode_latency_s(profile, bytes_per_token) * 1000
     return (
         f"simulated roofline, no model executed: decode latency per token = bytes_per_token "
         f"({bytes_per_token:,} B) / effective bandwidth ({profile.effective_bandwidth_mb_s:,.1f} "
         f"MB/s, {profile.device_class} profile: {profile.source}) = {latency_ms:.4f} ms, times "
-        f"uniform jitter in [{1 - timing.jitter:g}, {1 + timing.jitter:g}] per token seeded by "
-        f"(run, device, prompt); prefill per prompt token = decode latency / "
-        f"{timing.prefill_parallelism:g}; load cold = {timing.cold_load_fixed_ms:g} ms + package "
-        f"bytes / {timing.cold_load_bytes_s / 1e6:g} MB/s, warm = {timing.warm_load_fixed_ms:g} "
-        f"ms + package bytes / {timing.warm_load_bytes_s / 1e6:g} MB/s; peak memory = package "
-        f"bytes + {timing.runtime_overhead_bytes / 2**20:g} MiB"
+        f"{noise.describe()}, seeded by (run, device, prompt); prefill per prompt token = decode "
+        f"latency / {timing.prefill_parallelism:g}; load cold = {timing.cold_load_fixed_ms:g} ms "
+        f"+ package bytes / {timing.cold_load_bytes_s / 1e6:g} MB/s, warm = "
+        f"{timing.warm_load_fixed_ms:g} ms + package bytes / {timing.warm_load_bytes_s / 1e6:g} "
+        f"MB/s; peak memory = package bytes + {timing.runtime_overhead_bytes / 2**20:g} MiB"
     )
 
 
@@ -80,22 +88,28 @@ def simulate_run(
             f"run {job.run_id}: bytes_per_token is {job.bytes_per_token}; the simulated device "
             "needs the build's analysed bytes per token"
         )
-    base_latency_s = decode_latency_s(profile, job.bytes_per_token)
-    low, high = 1 - timing.jitter, 1 + timing.jitter
+    run = simulate_decode(
+        profile,
+        timing,
+        job.bytes_per_token,
+        device.udid,
+        job.run_id,
+        [len(prompt.token_ids) for prompt in job.prompts],
+        job.decode_tokens,
+        device.thermal_state.value,
+    )
     prompts = []
-    for prompt in job.prompts:
-        rng = random.Random(prompt_seed(job.run_id, device.udid, prompt.index))
-        prompt_tokens = len(prompt.token_ids)
-        prefill_per_token_s = base_latency_s / timing.prefill_parallelism
-        prefill_s = prompt_tokens * prefill_per_token_s * rng.uniform(low, high)
-        latencies_s = [base_latency_s * rng.uniform(low, high) for _ in range(job.decode_tokens)]
+    for prompt, prefill_s, latencies in zip(
+        job.prompts, run.prefill_s, run.latencies_s, strict=True
+    ):
+        latencies_s = [float(latency) for latency in latencies]
         prompts.append(
             PromptResult(
                 prompt_index=prompt.index,
-                prompt_tokens=prompt_tokens,
+                prompt_tokens=len(prompt.token_ids),
                 generated_tokens=job.decode_tokens,
-                ttft_ms=(prefill_s + latencies_s[0]) * 1000,
-                prefill_tok_s=prompt_tokens / prefill_s,
+                ttft_ms=(float(prefill_s) + latencies_s[0]) * 1000,
+                prefill_tok_s=len(prompt.token_ids) / float(prefill_s),
                 decode_tok_s=job.decode_tokens / sum(latencies_s),
                 token_latencies_ms=[latency * 1000 for latency in latencies_s],
                 token_ids=None,
@@ -108,14 +122,12 @@ def simulate_run(
         os_version=DRIVER_NAME,
         driver=DRIVER_NAME,
         simulated=True,
-        load_time_cold_ms=timing.cold_load_fixed_ms
-        + package_bytes / timing.cold_load_bytes_s * 1000,
-        load_time_warm_ms=timing.warm_load_fixed_ms
-        + package_bytes / timing.warm_load_bytes_s * 1000,
-        peak_memory_bytes=package_bytes + timing.runtime_overhead_bytes,
-        thermal_state_start=ThermalState.nominal,
-        thermal_state_end=ThermalState.nominal,
-        timing_model=describe_timing_model(profile, job.bytes_per_token, timing),
+        load_time_cold_ms=timing.cold_load_ms(package_bytes),
+        load_time_warm_ms=timing.warm_load_ms(package_bytes),
+        peak_memory_bytes=timing.peak_memory_bytes(package_bytes),
+        thermal_state_start=device.thermal_state,
+        thermal_state_end=device.thermal_state,
+        timing_model=describe_timing_model(profile, job.bytes_per_token, timing, run.noise),
         prompts=prompts,
     )
 
@@ -188,7 +200,7 @@ class SimulatedDriver:
                 os_version=DRIVER_NAME,
                 driver=DRIVER_NAME,
                 simulated=True,
-                thermal_state=ThermalState.nominal,
+                thermal_state=state.device.thermal_state,
             )
             for state in self._states.values()
         ]
@@ -212,7 +224,7 @@ class SimulatedDriver:
         state.log_lines.clear()
         shutil.rmtree(state.documents, ignore_errors=True)
         state.documents.mkdir(parents=True)
-        state.note("prepared: thermal state nominal")
+        state.note(f"prepared: thermal state {state.device.thermal_state.value}")
 
     def install(self, device: DeviceInfo, artifact_path: Path) -> InstalledModel:
         state = self._state(device)

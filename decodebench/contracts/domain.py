@@ -7,7 +7,7 @@ import json
 import re
 from enum import StrEnum
 
-from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from decodebench.contracts.base import Incoming
 from decodebench.presets import PRESETS
@@ -136,6 +136,13 @@ class SweepSpec(Incoming):
     )
     repetitions: StrictInt = Field(
         default=1, ge=1, le=10, description="Runs per variant and device"
+    )
+    noise_scale: StrictFloat | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description="Scale of the simulated/emulated devices' timing noise (0: none); "
+        "None: the agent's setting. Real devices ignore it",
     )
 
     @field_validator("model")

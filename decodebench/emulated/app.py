@@ -32,7 +32,13 @@ from decodebench.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSION
 from decodebench.emulated.faults import FaultKind
 from decodebench.emulated.reference import ReferenceCache
 from decodebench.emulated.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
-from decodebench.emulated.timing import RooflineClock, TimingParameters, TokenSource, prompt_seed
+from decodebench.emulated.timing import (
+    RooflineClock,
+    RunNoise,
+    TimingParameters,
+    TokenSource,
+    prompt_seed,
+)
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -200,12 +206,11 @@ def run_harness(
     timing = device.timing
     try:
         tokens = token_source(device, job, package, package_bytes, say)
+        noise = RunNoise.for_run(
+            profile, timing, device.udid, job.run_id, device.condition.thermal_state.value
+        )
         clock = RooflineClock(
-            profile,
-            job.bytes_per_token,
-            prompt_seed(job.run_id, device.udid, 0),
-            timing.jitter,
-            tokens,
+            profile, job.bytes_per_token, noise, prompt_seed(job.run_id, device.udid, 0), tokens
         )
         footprint = Footprint.of(job, package_bytes, timing.runtime_overhead_bytes)
         observer = EmulatedObserver(device, job, footprint)
@@ -243,7 +248,7 @@ def run_harness(
         prompt_thermal_states=observer.thermal_samples,
         thermal_state_start=thermal_start,
         thermal_state_end=condition.thermal_state,
-        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, tokens)
+        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, noise, tokens)
         + f"; {footprint.describe()}",
         prompts=prompts,
     )
@@ -307,6 +312,7 @@ def describe_emulated_timing(
     profile: DeviceProfile,
     bytes_per_token: int,
     timing: TimingParameters,
+    noise: RunNoise,
     tokens: TokenSource | None,
 ) -> str:
     latency_ms = 1000 / profile.predicted_tok_s(bytes_per_token)
@@ -315,8 +321,8 @@ def describe_emulated_timing(
         f"emulated iPhone (fake usbmuxd, lockdown, installation_proxy, house_arrest/AFC; no Core "
         f"ML executed): every model step = bytes_per_token ({bytes_per_token:,} B) / effective "
         f"bandwidth ({profile.effective_bandwidth_mb_s:,.1f} MB/s, {profile.device_class} profile: "
-        f"{profile.source}) = {latency_ms:.4f} ms, times uniform jitter in "
-        f"[{1 - timing.jitter:g}, {1 + timing.jitter:g}] seeded by (run, device); prefill steps "
+        f"{profile.source}) = {latency_ms:.4f} ms, times {noise.describe()}, seeded by (run, "
+        f"device); prefill steps "
         f"the prompt one token at a time, as the converted model does; load cold = "
         f"{timing.cold_load_fixed_ms:g} ms + package bytes / {timing.cold_load_bytes_s / 1e6:g} "
         f"MB/s, warm = {timing.warm_load_fixed_ms:g} ms + package bytes / "
