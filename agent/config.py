@@ -1,4 +1,6 @@
-"""Agent settings: command-line flags, falling back to DECODEBENCH_* environment variables.
+"""Agent settings: one pydantic-settings class; every flag of `python -m agent` is one of its
+fields, falling back to a ``DECODEBENCH_AGENT_*`` environment variable, then to the field's
+default. The parser is generated from the class, so a default or a range is written once.
 
 Drivers (`--driver`): `simulated` (a formula per device class, no devices), `emulated` (an
 in-process fake usbmuxd with emulated iPhones, driven through the real pymobiledevice3 path),
@@ -8,75 +10,174 @@ in-process fake usbmuxd with emulated iPhones, driven through the real pymobiled
 from __future__ import annotations
 
 import argparse
+import contextvars
 import hashlib
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from agent.drivers.simulated import SimulatedDevice
+from agent.health import HealthPolicy
+from decodebench.contracts.names import Driver
 from decodebench.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES, get_profile
 
-ENV_PREFIX = "DECODEBENCH_"
+ENV_PREFIX = "DECODEBENCH_AGENT_"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
 DEFAULT_WORK_DIR = Path.home() / ".cache" / "decodebench-agent"
-DRIVERS = ("simulated", "emulated", "pymobiledevice3", "host")
-FAKE_DEVICE_DRIVERS = {"simulated", "emulated"}
-Driver = Literal["simulated", "emulated", "pymobiledevice3", "host"]
+
+# The environment parse_settings reads (tests hand one in; the process uses os.environ).
+_ENVIRON: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "agent_environ", default=None
+)
 
 
-class AgentSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _items(separator: str):  # noqa: ANN202 (a validator factory)
+    def split(value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(separator) if part.strip())
+        return value
 
-    server_url: str = DEFAULT_SERVER_URL
-    token: str = Field(min_length=1, repr=False)
-    name: str = Field(min_length=1, max_length=128)
-    driver: Driver = "simulated"
-    simulated: tuple[str, ...] = Field(
-        default=(), description="Device classes, one simulated (or emulated) iPhone each"
+    return split
+
+
+class _Environment(EnvSettingsSource):
+    """The environment source, reading the mapping parse_settings was given."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = _ENVIRON.get()
+        return parse_env_vars(
+            os.environ if environ is None else environ,
+            self.case_sensitive,
+            self.env_ignore_empty,
+            self.env_parse_none_str,
+        )
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, populate_by_name=True
     )
-    emulated_faults: tuple[str, ...] = Field(
+
+    server_url: str = Field(
+        default=DEFAULT_SERVER_URL,
+        validation_alias=AliasChoices("server_url", "DECODEBENCH_SERVER_URL"),
+        description="the decodebench server (env DECODEBENCH_SERVER_URL)",
+    )
+    token: SecretStr = Field(
+        default=SecretStr(""), description="an agent token (env DECODEBENCH_AGENT_TOKEN, preferred)"
+    )
+    name: str = Field(
+        default_factory=socket.gethostname, min_length=1, max_length=128, description="this host"
+    )
+    driver: Driver = Field(default=Driver.simulated, description="how devices are driven")
+    simulated: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
-        description="INDEX=SPEC faults of emulated devices (decodebench.emulated.faults)",
+        description="simulated or emulated iPhones, one per listed device class, e.g. "
+        "iphone-16-pro,iphone-17-pro",
     )
-    emulated_tokens: Literal["auto", "torch", "mil", "off"] = "auto"
-    usbmux_address: str | None = Field(default=None, description="HOST:PORT or socket path")
-    harness_ipa: Path | None = None
+    emulated_faults: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="arm a fault or condition on emulated device INDEX, e.g. 0=disconnect-mid-push, "
+        "1=app-crash:2, 0=locked, 1=thermal=serious (repeatable; ';'-separated in the environment)",
+    )
+    emulated_tokens: Literal["auto", "torch", "mil", "off"] = Field(
+        default="auto",
+        description="where the emulated harness gets greedy tokens: mil (the pushed package in the "
+        "MIL reference interpreter: faithful, slow), torch (the PyTorch reference rebuilt from the "
+        "preset), off, auto (mil for packages up to 32 MiB, else none)",
+    )
+    usbmux_address: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("usbmux_address", "DECODEBENCH_USBMUXD_ADDRESS"),
+        description="usbmuxd as HOST:PORT or socket path (default: the system one)",
+    )
+    harness_ipa: Path | None = Field(default=None, description="installed when missing")
     harness_bundle_id: str = Field(
         default=HARNESS_BUNDLE_ID,
         pattern=r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$",
-        description="The harness app's bundle identifier (each signing team renames it)",
+        description="the bundle identifier the harness was signed with (each team renames it)",
     )
-    tunneld_address: str | None = Field(default=None, description="HOST:PORT of tunneld")
+    tunneld_address: str | None = Field(default=None, description="HOST:PORT of tunneld (iOS 17+)")
     ddi_folder: Path | None = Field(
-        default=None, description="Developer disk images to mount from (see agent/README.md)"
+        default=None,
+        description="developer disk images: DeviceSupport/<version>/ (iOS < 17), Personalized/ "
+        "(17+); never downloaded (see agent/README.md)",
     )
-    host_device_class: str = "host-cpu"
-    host_threads: int | None = Field(default=None, ge=1)
-    min_battery: int = Field(default=20, ge=0, le=100)
-    cooldown_s: float = Field(default=120.0, ge=0)
-    health_interval_s: float = Field(default=10.0, gt=0)
+    host_device_class: str = Field(default="host-cpu", description="device class of the host")
+    host_threads: int | None = Field(default=None, ge=1, description="torch threads on the host")
+    min_battery: int = Field(
+        default=20, ge=0, le=100, description="percent; ignored while charging"
+    )
+    cooldown_s: float = Field(default=120.0, ge=0, description="rest after a run ended hot")
+    health_interval_s: float = Field(
+        default=10.0, gt=0, description="seconds between health probes of a ready device"
+    )
     device_hold_s: float = Field(
-        default=15.0, gt=0, description="First hold after a device failure; doubles each time"
+        default=15.0,
+        gt=0,
+        description="seconds a device rests after failing a run (locked, unplugged …); doubles",
     )
-    work_dir: Path = DEFAULT_WORK_DIR
-    poll_interval_s: float = Field(default=2.0, gt=0)
+    work_dir: Path = Field(default=DEFAULT_WORK_DIR, description="artifacts and logs")
+    poll_interval_s: float = Field(default=2.0, gt=0, description="seconds between claims")
     heartbeat_interval_s: float | None = Field(
-        default=None, gt=0, description="None: the interval the server asks for at registration"
+        default=None, gt=0, description="default: the interval the server asks for"
     )
-    time_scale: float = Field(default=0.0, ge=0, description="Sleep this fraction of sim time")
+    time_scale: float = Field(
+        default=0.0,
+        ge=0,
+        description="simulated devices sleep this fraction of their simulated run time (0: none)",
+    )
     noise_scale: float = Field(
-        default=1.0, ge=0, le=10, description="Scale of simulated/emulated timing noise; 0: none"
+        default=1.0,
+        ge=0,
+        le=10,
+        description="scale the stand-in devices' timing noise (docs/noise-model.md); 0: none",
     )
-    run_timeout_s: float = Field(default=3600.0, gt=0)
-    once: bool = Field(default=False, description="Exit once no device found work for idle_polls")
-    idle_polls: int = Field(default=3, ge=1)
-    max_idle_seconds: float | None = Field(default=None, gt=0)
-    log_level: str = "INFO"
+    run_timeout_s: float = Field(default=3600.0, gt=0, description="longest a run may take")
+    once: bool = Field(
+        default=False,
+        description="exit once no device has found a claimable run for --idle-polls polls in a row",
+    )
+    idle_polls: int = Field(default=3, ge=1, description="see --once")
+    max_idle_seconds: float | None = Field(
+        default=None, gt=0, description="exit after this long without any run in flight"
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING …")
+
+    _split_devices = field_validator("simulated", mode="before")(_items(","))
+    _split_faults = field_validator("emulated_faults", mode="before")(_items(";"))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _Environment(settings_cls)
 
     @field_validator("simulated")
     @classmethod
@@ -85,13 +186,34 @@ class AgentSettings(BaseModel):
             get_profile(device_class)
         return value
 
+    @field_validator("log_level")
+    @classmethod
+    def _upper(cls, value: str) -> str:
+        return value.upper()
+
     @model_validator(mode="after")
-    def _faults_name_devices(self) -> AgentSettings:
+    def _ready_to_run(self) -> AgentSettings:
+        if not self.token.get_secret_value().strip():
+            raise ValueError(f"an agent token is required: set {ENV_PREFIX}TOKEN or pass --token")
+        if not self.simulated and self.driver.fake_device:
+            raise ValueError(
+                f"no devices: the {self.driver.value} driver needs --simulated with device "
+                f"classes, e.g. --simulated {','.join(sorted(DEVICE_PROFILES))}"
+            )
         if self.emulated_faults:
             from agent.drivers.faults_spec import check_fault_specs
 
             check_fault_specs(self.emulated_faults, len(self.simulated))
         return self
+
+    @property
+    def api_token(self) -> str:
+        return self.token.get_secret_value()
+
+    def health_policy(self) -> HealthPolicy:
+        return HealthPolicy(
+            min_battery=self.min_battery, cooldown_s=self.cooldown_s, hold_s=self.device_hold_s
+        )
 
     def simulated_devices(self) -> list[SimulatedDevice]:
         return [
@@ -106,176 +228,77 @@ def simulated_udid(agent_name: str, index: int, device_class: str) -> str:
     return f"sim-{digest[:24]}"
 
 
-def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    def env(name: str, default: str | None = None) -> str | None:
-        return environ.get(ENV_PREFIX + name, default)
+# Flags whose spelling differs from their field's (kept so existing command lines still work).
+FLAGS: dict[str, tuple[str, ...]] = {
+    "simulated": ("--simulated", "--devices"),
+    "emulated_faults": ("--emulated-fault",),
+    "tunneld_address": ("--tunneld",),
+    "cooldown_s": ("--cooldown",),
+    "health_interval_s": ("--health-interval",),
+    "device_hold_s": ("--device-hold",),
+    "poll_interval_s": ("--poll-interval",),
+    "heartbeat_interval_s": ("--heartbeat-interval",),
+    "run_timeout_s": ("--run-timeout",),
+}
 
+
+def _argument(name: str, field: FieldInfo) -> tuple[tuple[str, ...], dict[str, Any]]:
+    flags = FLAGS.get(name, ("--" + name.replace("_", "-"),))
+    env = f"{ENV_PREFIX}{name.upper()}"
+    if isinstance(field.validation_alias, AliasChoices):
+        env = str(field.validation_alias.choices[-1])
+    options: dict[str, Any] = {
+        "dest": name,
+        "default": None,
+        "help": f"{field.description} (env {env})",
+    }
+    annotation = field.annotation
+    kinds = [kind for kind in get_args(annotation) if kind is not type(None)] or [annotation]
+    kind = kinds[0]
+    if kind is bool:
+        options["action"] = "store_true"
+    elif name == "emulated_faults":
+        options["action"] = "append"
+    elif get_origin(kind) is Literal:
+        options["choices"] = get_args(kind)
+    elif isinstance(kind, type) and issubclass(kind, Driver):
+        options["choices"] = [driver.value for driver in Driver]
+    elif kind in (int, float, Path):
+        options["type"] = kind
+    return flags, options
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m agent",
         description="decodebench device agent: claims runs for its devices and uploads results.",
     )
-    parser.add_argument(
-        "--server-url", default=env("SERVER_URL", DEFAULT_SERVER_URL), help="env SERVER_URL"
-    )
-    parser.add_argument("--token", default=env("AGENT_TOKEN"), help="env AGENT_TOKEN (preferred)")
-    parser.add_argument(
-        "--name", default=env("AGENT_NAME", socket.gethostname()), help="env AGENT_NAME"
-    )
-    parser.add_argument(
-        "--driver",
-        choices=DRIVERS,
-        default=env("AGENT_DRIVER", "simulated"),
-        help="how devices are driven (env AGENT_DRIVER); default simulated",
-    )
-    parser.add_argument(
-        "--simulated",
-        "--devices",
-        dest="simulated",
-        default=env("AGENT_SIMULATED", ""),
-        metavar="CLASS[,CLASS…]",
-        help="simulated or emulated iPhones, one per listed device class, e.g. "
-        "iphone-16-pro,iphone-17-pro (env AGENT_SIMULATED)",
-    )
-    parser.add_argument(
-        "--emulated-fault",
-        action="append",
-        default=[part for part in (env("AGENT_EMULATED_FAULTS") or "").split(";") if part],
-        metavar="INDEX=SPEC",
-        help="arm a fault or condition on emulated device INDEX, e.g. 0=disconnect-mid-push, "
-        "1=app-crash:2, 0=locked, 1=thermal=serious (repeatable; env AGENT_EMULATED_FAULTS, "
-        "';'-separated)",
-    )
-    parser.add_argument(
-        "--emulated-tokens",
-        choices=("auto", "torch", "mil", "off"),
-        default=env("AGENT_EMULATED_TOKENS", "auto"),
-        help="where the emulated harness gets greedy tokens: mil (the pushed package in the MIL "
-        "reference interpreter: faithful, slow), torch (the PyTorch reference rebuilt from the "
-        "preset), off, auto (mil for packages up to 32 MiB, else none)",
-    )
-    parser.add_argument(
-        "--usbmux-address",
-        default=env("USBMUXD_ADDRESS"),
-        help="usbmuxd as HOST:PORT or socket path (pymobiledevice3 driver; default: the system one)",
-    )
-    parser.add_argument(
-        "--harness-ipa", type=Path, default=env("AGENT_HARNESS_IPA"), help="installed when missing"
-    )
-    parser.add_argument(
-        "--harness-bundle-id",
-        default=env("AGENT_HARNESS_BUNDLE_ID", HARNESS_BUNDLE_ID),
-        help="bundle identifier the harness was signed with (env AGENT_HARNESS_BUNDLE_ID); "
-        f"default {HARNESS_BUNDLE_ID}",
-    )
-    parser.add_argument(
-        "--tunneld", default=env("AGENT_TUNNELD"), help="HOST:PORT of tunneld (iOS 17+)"
-    )
-    parser.add_argument(
-        "--ddi-folder",
-        type=Path,
-        default=env("AGENT_DDI_FOLDER"),
-        help="developer disk images: DeviceSupport/<version>/ (iOS < 17), Personalized/ (17+); "
-        "never downloaded (env AGENT_DDI_FOLDER)",
-    )
-    parser.add_argument("--host-device-class", default=env("AGENT_HOST_DEVICE_CLASS", "host-cpu"))
-    parser.add_argument("--host-threads", type=int, default=env("AGENT_HOST_THREADS"))
-    parser.add_argument("--min-battery", type=int, default=env("AGENT_MIN_BATTERY", "20"))
-    parser.add_argument("--cooldown", type=float, default=env("AGENT_COOLDOWN", "120"))
-    parser.add_argument(
-        "--health-interval",
-        type=float,
-        default=env("AGENT_HEALTH_INTERVAL", "10"),
-        help="seconds between health probes of a ready device",
-    )
-    parser.add_argument(
-        "--device-hold",
-        type=float,
-        default=env("AGENT_DEVICE_HOLD", "15"),
-        help="seconds a device rests after failing a run (locked, unplugged …); doubles each time",
-    )
-    parser.add_argument(
-        "--work-dir", type=Path, default=env("AGENT_WORK_DIR", str(DEFAULT_WORK_DIR))
-    )
-    parser.add_argument("--poll-interval", type=float, default=env("AGENT_POLL_INTERVAL", "2.0"))
-    parser.add_argument("--heartbeat-interval", type=float, default=env("AGENT_HEARTBEAT_INTERVAL"))
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        default=env("AGENT_TIME_SCALE", "0"),
-        help="simulated devices sleep this fraction of their simulated run time (0: no sleep)",
-    )
-    parser.add_argument(
-        "--noise-scale",
-        type=float,
-        default=env("AGENT_NOISE_SCALE", "1"),
-        help="scale the stand-in devices' timing noise (docs/noise-model.md); 0: none",
-    )
-    parser.add_argument("--run-timeout", type=float, default=env("AGENT_RUN_TIMEOUT", "3600"))
-    parser.add_argument(
-        "--once",
-        action="store_true",
-        default=env("AGENT_ONCE", "") in {"1", "true", "yes"},
-        help="exit once no device has found a claimable run for --idle-polls polls in a row",
-    )
-    parser.add_argument("--idle-polls", type=int, default=env("AGENT_IDLE_POLLS", "3"))
-    parser.add_argument(
-        "--max-idle-seconds",
-        type=float,
-        default=env("AGENT_MAX_IDLE_SECONDS"),
-        help="exit after this long without any run in flight",
-    )
-    parser.add_argument("--log-level", default=env("AGENT_LOG_LEVEL", "INFO"))
+    for name, field in AgentSettings.model_fields.items():
+        flags, options = _argument(name, field)
+        parser.add_argument(*flags, **options)
     return parser
 
 
 def parse_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> AgentSettings:
-    """Settings from flags, then environment; exits with status 2 and a message when invalid."""
-    parser = build_parser(os.environ if environ is None else environ)
+    """Flags, then the environment, then defaults; exits with status 2 and a message when invalid."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.token:
-        parser.error(f"an agent token is required: set {ENV_PREFIX}AGENT_TOKEN or pass --token")
-    simulated = tuple(part.strip() for part in args.simulated.split(",") if part.strip())
-    if not simulated and args.driver in FAKE_DEVICE_DRIVERS:
-        parser.error(
-            f"no devices: the {args.driver} driver needs --simulated with device classes, e.g. "
-            f"--simulated {','.join(sorted(DEVICE_PROFILES))}"
-        )
+    # Flags not given stay out, so the environment and the defaults fill them (a store_true
+    # flag not given is None too).
+    given = {name: value for name, value in vars(args).items() if value is not None}
+    reset = _ENVIRON.set(environ)
     try:
-        return AgentSettings(
-            server_url=args.server_url,
-            token=args.token,
-            name=args.name,
-            driver=args.driver,
-            simulated=simulated,
-            emulated_faults=tuple(args.emulated_fault),
-            emulated_tokens=args.emulated_tokens,
-            usbmux_address=args.usbmux_address,
-            harness_ipa=args.harness_ipa,
-            harness_bundle_id=args.harness_bundle_id,
-            tunneld_address=args.tunneld,
-            ddi_folder=args.ddi_folder,
-            host_device_class=args.host_device_class,
-            host_threads=args.host_threads,
-            min_battery=args.min_battery,
-            cooldown_s=args.cooldown,
-            health_interval_s=args.health_interval,
-            device_hold_s=args.device_hold,
-            work_dir=args.work_dir,
-            poll_interval_s=args.poll_interval,
-            heartbeat_interval_s=args.heartbeat_interval,
-            time_scale=args.time_scale,
-            noise_scale=args.noise_scale,
-            run_timeout_s=args.run_timeout,
-            once=args.once,
-            idle_polls=args.idle_polls,
-            max_idle_seconds=args.max_idle_seconds,
-            log_level=args.log_level.upper(),
-        )
+        return AgentSettings(**given)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}"
+            "{}{}".format(
+                ".".join(str(part) for part in item["loc"]) + ": " if item["loc"] else "",
+                item["msg"].removeprefix("Value error, "),
+            )
             for item in error.errors()
         )
         parser.error(problems)
+    finally:
+        _ENVIRON.reset(reset)

@@ -17,9 +17,10 @@ from agent.config import AgentSettings, parse_settings
 from agent.drivers.base import DriverError
 from agent.drivers.factory import build_driver
 from decodebench.client import ApiError, DecodebenchClient
+from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo
 
-IPHONE_DRIVERS = {"pymobiledevice3", "emulated"}
+IPHONE_DRIVERS = {Driver.pymobiledevice3, Driver.emulated}
 TERMINAL_SWEEP_STATES = {"completed", "failed", "cancelled"}
 MARKS = {True: "✓", False: "✗", None: "?"}
 AGENT_TOKEN_UNUSED = "unused-by-doctor"

@@ -21,9 +21,11 @@ MAX_HOLD_S = 300.0
 
 @dataclass(frozen=True)
 class HealthPolicy:
-    min_battery: int = 20  # percent; ignored while charging
-    cooldown_s: float = 120.0  # after a run that ended serious/critical
-    hold_s: float = 15.0  # first hold after a device failure (locked, disconnected …); doubles
+    """Built from the agent's settings (AgentSettings.health_policy), which own the defaults."""
+
+    min_battery: int  # percent; ignored while charging
+    cooldown_s: float  # after a run that ended serious/critical
+    hold_s: float  # first hold after a device failure (locked, disconnected …); doubles
 
 
 @dataclass

@@ -23,7 +23,7 @@ from agent.config import AgentSettings, parse_settings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.factory import build_driver
 from agent.drivers.ios_fixes import with_status_fix
-from agent.health import BUSY, READY, DeviceHealth, HealthPolicy, gate
+from agent.health import BUSY, READY, DeviceHealth, gate
 from agent.registration import (
     MAX_BACKOFF_S,
     RegistrationRefused,
@@ -69,11 +69,7 @@ class Agent:
         self.settings = settings
         self.client = client
         self.driver = driver
-        self.policy = HealthPolicy(
-            min_battery=settings.min_battery,
-            cooldown_s=settings.cooldown_s,
-            hold_s=settings.device_hold_s,
-        )
+        self.policy = settings.health_policy()
         self.stop = threading.Event()
         self.executor = RunExecutor(
             client,
@@ -362,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ", ".join(f"{d.device_class} {d.udid}" for d in driver.discover()),
         settings.work_dir,
     )
-    with DecodebenchClient(settings.server_url, settings.token) as client:
+    with DecodebenchClient(settings.server_url, settings.api_token) as client:
         agent = Agent(settings, client, driver)
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

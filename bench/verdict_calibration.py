@@ -14,8 +14,8 @@ import argparse
 import json
 import time
 
+from decodebench.contracts.verdicts import Verdict
 from decodebench.emulated.timing import TimingParameters
-from decodebench.judging.models import Verdict
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
 from decodebench.profiles import IPHONE_17_PRO

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from decodebench.contracts.api import SweepDetail
+from decodebench.contracts.api import ComparisonRow, SweepDetail
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import Attention, KVCache, VariantSpec
 from decodebench.contracts.names import TERMINAL_RUN_STATES, BuildState, SweepState
@@ -142,6 +142,7 @@ def _client(args: argparse.Namespace):
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from decodebench.client import ApiError
+    from decodebench.commands import gate
 
     if args.spec:
         try:
@@ -156,6 +157,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             "prompts": args.prompts,
             "decode_tokens": args.decode_tokens,
         }
+    if gate.gating(args):
+        return _submit_and_gate(args, spec)
     with _client(args) as client:
         try:
             sweep = client.submit_sweep(spec)
@@ -169,6 +172,39 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit_and_gate(args: argparse.Namespace, spec: dict[str, Any]) -> int:
+    """Submit, wait, judge against the baseline, publish: exit 0 pass, 1 regression, 2 error or
+    bad input, 3 timed out."""
+    from decodebench.client import ApiError
+    from decodebench.commands import gate
+
+    try:
+        baseline, min_effect = gate.prepare_spec(spec, args)
+    except gate.GateInputError as error:
+        return gate.publish(gate.decide([], args, error=str(error)), args)
+    with _client(args) as client:
+        try:
+            sweep = client.submit_sweep(spec)
+            print(
+                f"submitted sweep {sweep.id}: {client.base_url}/sweeps/{sweep.id}", file=sys.stderr
+            )
+            try:
+                sweep = wait_for_sweep(client, sweep.id, args.timeout)
+            except CliError:
+                return gate.publish(gate.decide([], args, timed_out=True), args)
+            if sweep.state != SweepState.completed:
+                failed = [run.failure_reason for run in sweep.runs if run.failure_reason]
+                message = f"sweep {sweep.id} {sweep.state}: {'; '.join(failed[:3])}"
+                return gate.publish(gate.decide([], args, error=message), args)
+            verdicts = client.get_verdicts(sweep.id, baseline.sweep_id, min_effect)
+        except ApiError as error:
+            return gate.publish(gate.decide([], args, error=describe_api_error(error)), args)
+    print(format_comparison(sweep), file=sys.stderr)
+    if verdicts.note:
+        print(f"verdicts: {verdicts.note}", file=sys.stderr)
+    return gate.publish(gate.decide(verdicts.verdicts, args), args)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from decodebench.client import ApiError
 
@@ -178,7 +214,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         except ApiError as error:
             raise CliError(describe_api_error(error)) from None
     if args.json:
-        print(json.dumps(sweep, indent=2))
+        print(sweep.model_dump_json(indent=2))
     else:
         print(format_comparison(sweep))
     return 0
@@ -225,9 +261,20 @@ def progress_line(sweep: SweepDetail) -> str:
     return f"sweep {sweep.id} {sweep.state}: builds [{builds}]; runs {done}/{len(sweep.runs)} done"
 
 
+def _versus_baseline(row: ComparisonRow, baseline: str) -> str:
+    """``1.63x [1.60, 1.66] faster`` (the verdict with its interval), ``baseline`` or ``—``."""
+    if row.variant == baseline:
+        return "baseline"
+    if row.verdict is None:
+        return "—"
+    decode = row.verdict.decode_tok_s
+    changed = "" if row.verdict.agreement is None or row.verdict.agreement.identical else " ≠tokens"
+    return f"{decode.interval_text()} {decode.label}{changed}"
+
+
 def format_comparison(sweep: SweepDetail) -> str:
     header = (
-        f"{'device':16s} {'variant':28s} {'decode tok/s':>18s} {'speed-up':>9s} "
+        f"{'device':16s} {'variant':28s} {'decode tok/s':>18s} {'vs baseline (95% CI)':>34s} "
         f"{'predicted':>10s} {'tiles':>6s} {'tile MiB':>9s}  source"
     )
     lines = [
@@ -238,13 +285,13 @@ def format_comparison(sweep: SweepDetail) -> str:
     for row in sweep.results:
         mean = row.decode_tok_s_mean
         rate = f"{mean:.1f} ± {row.decode_tok_s_ci95 or 0:.1f}" if mean is not None else "—"
-        speedup = f"{row.speedup_vs_first:.2f}x" if row.speedup_vs_first else "—"
+        speedup = _versus_baseline(row, sweep.baseline)
         predicted = f"{row.predicted_tok_s:.1f}" if row.predicted_tok_s else "—"
         tiles = "—" if row.tile_ops is None else str(row.tile_ops)
         tile_mib = "—" if row.tile_mib is None else f"{row.tile_mib:.1f}"
         source = {True: "SIMULATED", False: "measured", None: "—"}[row.simulated]
         lines.append(
-            f"{row.device_class:16s} {row.variant:28s} {rate:>18s} {speedup:>9s} "
+            f"{row.device_class:16s} {row.variant:28s} {rate:>18s} {speedup:>34s} "
             f"{predicted:>10s} {tiles:>6s} {tile_mib:>9s}  {source}"
         )
     if sweep.simulated:
@@ -310,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--decode-tokens", type=int, default=32)
             sub.add_argument("--wait", action="store_true", help="follow progress, print the table")
             sub.add_argument("--timeout", type=float, default=3600)
+            from decodebench.commands.gate import add_gate_options
+
+            add_gate_options(sub)
         else:
             sub.add_argument("sweep_id", type=int)
             sub.add_argument("--json", action="store_true")

@@ -16,6 +16,7 @@ from decodebench.contracts.api import (
     ResultsStored,
     SweepDetail,
     SweepOverview,
+    VerdictsView,
 )
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.protocol import (
@@ -90,6 +91,17 @@ class DecodebenchClient:
 
     def get_build(self, build_id: int) -> BuildDetail:
         return BuildDetail.model_validate(self._request("GET", f"/builds/{build_id}"))
+
+    def get_verdicts(
+        self, sweep_id: int, baseline_sweep: int | None = None, min_effect: float | None = None
+    ) -> VerdictsView:
+        params: dict[str, float | int] = {}
+        if baseline_sweep is not None:
+            params["baseline_sweep"] = baseline_sweep
+        if min_effect is not None:
+            params["min_effect"] = min_effect
+        data = self._request("GET", f"/sweeps/{sweep_id}/verdicts", params=params)
+        return VerdictsView.model_validate(data)
 
     def list_devices(self) -> list[DeviceView]:
         return _LIST_OF_DEVICES.validate_python(self._request("GET", "/devices"))

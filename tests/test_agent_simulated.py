@@ -570,13 +570,13 @@ def test_settings_come_from_the_environment_and_flags_override() -> None:
         "DECODEBENCH_AGENT_TOKEN": "secret",
         "DECODEBENCH_AGENT_NAME": "lab-7",
         "DECODEBENCH_AGENT_SIMULATED": "iphone-16-pro, iphone-17-pro",
-        "DECODEBENCH_AGENT_POLL_INTERVAL": "0.5",
+        "DECODEBENCH_AGENT_POLL_INTERVAL_S": "0.5",
     }
 
     settings = parse_settings(["--poll-interval", "0.25", "--once"], environ)
 
     assert settings.server_url == "http://server:9000"
-    assert settings.token == "secret"
+    assert settings.api_token == "secret"
     assert settings.name == "lab-7"
     assert settings.simulated == ("iphone-16-pro", "iphone-17-pro")
     assert settings.poll_interval_s == 0.25

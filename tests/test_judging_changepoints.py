@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from decodebench.contracts.verdicts import JudgingError
 from decodebench.judging.changepoints import best_cut, change_points, energy_divergence
-from decodebench.judging.models import JudgingError
 from decodebench.judging.nightly import (
     DetectionSettings,
     Direction,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from junitparser import Failure, JUnitXml
 
+from decodebench.contracts.verdicts import Metric
 from decodebench.judging.gate import (
     ExitCode,
     GateReport,
@@ -17,7 +18,6 @@ from decodebench.judging.gate import (
     render_junit,
     render_markdown,
 )
-from decodebench.judging.models import Metric
 from decodebench.judging.verdicts import judge_sweep
 from tests.test_judging_verdicts import arm
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from decodebench.contracts.verdicts import JudgingError, Metric, Verdict
 from decodebench.judging.measurements import PromptMeasurement, RunMeasurement, VariantRuns
-from decodebench.judging.models import JudgingError, Metric, Verdict
 from decodebench.judging.verdicts import decide, judge_sweep, judge_variant
 from decodebench.stats import summarize, t95
 

@@ -17,6 +17,7 @@ from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.names import BuildState, Driver, RunState, SweepState
 from decodebench.contracts.protocol import DeviceCheck, ThermalState
+from decodebench.contracts.verdicts import VariantVerdict
 
 
 class _Response(Contract):
@@ -130,6 +131,21 @@ class ComparisonRow(_Response):
     tile_mib: float | None
     bytes_per_token: int | None
     simulated: bool | None = Field(description="True when any result came from a fake device")
+    verdict: VariantVerdict | None = Field(
+        default=None,
+        description="Against the sweep's baseline variant on this device class: ratios with 95% "
+        "bootstrap intervals, faster/slower/no change, output agreement (None for the baseline)",
+    )
+
+
+class VerdictsView(_Response):
+    """A sweep's variants judged against a baseline (its own baseline variant, or a sweep)."""
+
+    sweep_id: int
+    baseline: str = Field(description="What the variants are judged against")
+    min_effect: float
+    verdicts: list[VariantVerdict]
+    note: str | None = Field(description="Why some or all verdicts are missing")
 
 
 class SweepOverview(_Response):
@@ -149,6 +165,10 @@ class SweepDetail(SweepOverview):
     results: list[ComparisonRow]
     simulated: bool = Field(description="True when any result came from a fake device")
     runs: list[RunView]
+    baseline: str = Field(description="The variant every other one is judged against")
+    min_effect: float = Field(description="Smallest relative change a verdict counts")
+    verdicts: list[VariantVerdict] = Field(description="Every variant against the baseline")
+    verdicts_note: str | None = Field(description="Why some or all verdicts are missing")
 
 
 class BuildStateView(_Response):

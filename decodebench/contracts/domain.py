@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from decodebench.contracts.base import Incoming
+from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
 from decodebench.presets import PRESETS
 from decodebench.profiles import get_profile
 from decodebench.quant.recipe import RecipeError, parse_recipe
@@ -137,6 +138,17 @@ class SweepSpec(Incoming):
     repetitions: StrictInt = Field(
         default=1, ge=1, le=10, description="Runs per variant and device"
     )
+    baseline: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Label of the variant every other one is judged against (default: the first)",
+    )
+    min_effect: StrictFloat = Field(
+        default=DEFAULT_MIN_EFFECT,
+        gt=0,
+        le=MAX_MIN_EFFECT,
+        description="Smallest relative change a verdict calls faster or slower (0.02 = 2%)",
+    )
     noise_scale: StrictFloat | None = Field(
         default=None,
         ge=0,
@@ -170,6 +182,16 @@ class SweepSpec(Incoming):
                     f"variants.{index}.context ({variant.context}); decode fewer tokens or "
                     "raise the context"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _baseline_is_a_variant(self) -> SweepSpec:
+        labels = [variant.label for variant in self.variants]
+        if self.baseline is not None and self.baseline not in labels:
+            raise ValueError(
+                f"baseline {self.baseline!r} is not a variant of this sweep; "
+                f"variants: {', '.join(labels)}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -206,17 +206,16 @@ def run_harness(
     timing = device.timing
     try:
         tokens = token_source(device, job, package, package_bytes, say)
-        noise = RunNoise.for_run(
-            profile, timing, device.udid, job.run_id, device.condition.thermal_state.value
-        )
-        clock = RooflineClock(
-            profile, job.bytes_per_token, noise, prompt_seed(job.run_id, device.udid, 0), tokens
-        )
         footprint = Footprint.of(job, package_bytes, timing.runtime_overhead_bytes)
         observer = EmulatedObserver(device, job, footprint)
         condition = device.condition
         waited_ms = thermal_wait_ms(condition.thermal_state, job.thermal_wait_s)
         thermal_start = condition.thermal_state
+        # The run's thermal slow-down starts from the state it starts in (read once, above).
+        noise = RunNoise.for_run(profile, timing, device.udid, job.run_id, thermal_start.value)
+        clock = RooflineClock(
+            profile, job.bytes_per_token, noise, prompt_seed(job.run_id, device.udid, 0), tokens
+        )
         say(f"run {job.run_id}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
         if tokens is not None:
             with tokens.lock:

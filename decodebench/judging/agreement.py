@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from decodebench.contracts.verdicts import OutputAgreement
 from decodebench.judging.measurements import RunMeasurement
-from decodebench.judging.models import OutputAgreement
 
 
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from scipy import special
 
-from decodebench.judging.models import JudgingError
+from decodebench.contracts.verdicts import JudgingError
 
 
 class ChangePoint(BaseModel):

@@ -13,7 +13,7 @@ from enum import IntEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from decodebench.judging.models import Metric, MetricComparison, OutputAgreement, VariantVerdict
+from decodebench.contracts.verdicts import Metric, MetricComparison, OutputAgreement, VariantVerdict
 
 DEFAULT_GATED = (Metric.decode_tok_s, Metric.ttft_ms)
 _METRIC_TITLES = {

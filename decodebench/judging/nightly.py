@@ -21,6 +21,7 @@ from enum import StrEnum
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT, JudgingError
 from decodebench.judging.changepoints import (
     ChangePoint,
     best_cut,
@@ -28,7 +29,6 @@ from decodebench.judging.changepoints import (
     t_test_pvalue,
     tested_cut,
 )
-from decodebench.judging.models import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT, JudgingError
 
 
 class DetectionSettings(BaseModel):

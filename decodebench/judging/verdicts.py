@@ -24,9 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
-from decodebench.judging.agreement import output_agreement
-from decodebench.judging.measurements import RunMeasurement, VariantRuns
-from decodebench.judging.models import (
+from decodebench.contracts.verdicts import (
     CONFIDENCE_LEVEL,
     DEFAULT_MIN_EFFECT,
     MAX_MIN_EFFECT,
@@ -37,6 +35,8 @@ from decodebench.judging.models import (
     Verdict,
     verdict_label,
 )
+from decodebench.judging.agreement import output_agreement
+from decodebench.judging.measurements import RunMeasurement, VariantRuns
 
 DEFAULT_RESAMPLES = 2000
 FEW_RUN_PAIRS = 3

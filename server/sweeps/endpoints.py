@@ -1,14 +1,18 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
 
-from decodebench.contracts.api import SweepDetail, SweepOverview
+from fastapi import APIRouter, Query
+
+from decodebench.contracts.api import SweepDetail, SweepOverview, VerdictsView
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.verdicts import MAX_MIN_EFFECT
 from server.auth import SessionDep, SubmitToken, UserToken
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS
-from server.paths import RowId
+from server.paths import MAX_ROW_ID, RowId
 from server.sweeps import service
+from server.sweeps.verdicts import sweep_verdicts, verdicts_against_sweep
 from server.sweeps.views import sweep_detail, sweep_overview
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=AUTHENTICATED_ERRORS)
@@ -23,6 +27,35 @@ def submit_sweep(spec: SweepSpec, token: SubmitToken, session: SessionDep) -> Sw
 @router.get("", response_model=list[SweepOverview])
 def list_sweeps(token: UserToken, session: SessionDep) -> list[SweepOverview]:
     return [sweep_overview(sweep) for sweep in service.list_sweeps(session)]
+
+
+@router.get("/{sweep_id}/verdicts", response_model=VerdictsView)
+def get_verdicts(
+    sweep_id: RowId,
+    token: UserToken,
+    session: SessionDep,
+    baseline_sweep: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Judge against this earlier sweep")
+    ] = None,
+    min_effect: Annotated[
+        float | None, Query(gt=0, le=MAX_MIN_EFFECT, description="Default: the sweep's own")
+    ] = None,
+) -> VerdictsView:
+    """The sweep's verdicts: against its baseline variant, or against the same variants of an
+    earlier sweep of the same model (a CI gate against last night's sweep)."""
+    sweep = service.get_sweep(session, sweep_id)
+    spec = SweepSpec.model_validate(sweep.spec)
+    effect = min_effect if min_effect is not None else spec.min_effect
+    if baseline_sweep is None:
+        rows, note = sweep_verdicts(session, sweep, min_effect=effect)
+        baseline = spec.baseline or spec.variants[0].label
+    else:
+        before = service.get_sweep(session, baseline_sweep)
+        rows, note = verdicts_against_sweep(session, sweep, before, effect)
+        baseline = f"sweep {before.id}"
+    return VerdictsView(
+        sweep_id=sweep.id, baseline=baseline, min_effect=effect, verdicts=rows, note=note
+    )
 
 
 @router.get("/{sweep_id}", response_model=SweepDetail)

@@ -11,6 +11,7 @@ from server.builds.views import build_view
 from server.models import Run, Sweep
 from server.sweeps.comparison import comparison
 from server.sweeps.service import runs_of
+from server.sweeps.verdicts import sweep_verdicts
 
 
 def run_view(run: Run) -> RunView:
@@ -45,10 +46,20 @@ def sweep_overview(sweep: Sweep) -> SweepOverview:
 
 def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     runs = runs_of(session, sweep.id)
-    table = comparison(session, sweep, runs)
+    spec = SweepSpec.model_validate(sweep.spec)
+    verdicts, note = sweep_verdicts(session, sweep)
+    by_cell = {(verdict.variant, verdict.device_class): verdict for verdict in verdicts}
+    table = [
+        row.model_copy(update={"verdict": by_cell.get((row.variant, row.device_class))})
+        for row in comparison(session, sweep, runs)
+    ]
     return SweepDetail(
         **sweep_overview(sweep).model_dump(),
-        spec=SweepSpec.model_validate(sweep.spec),
+        spec=spec,
+        baseline=spec.baseline or spec.variants[0].label,
+        min_effect=spec.min_effect,
+        verdicts=verdicts,
+        verdicts_note=note,
         builds=[build_view(variant.build, label=variant.label) for variant in sweep.variants],
         results=table,
         simulated=any(row.simulated for row in table),

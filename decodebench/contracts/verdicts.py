@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from decodebench.contracts.base import Contract
 
 DEFAULT_MIN_EFFECT = 0.02
 MAX_MIN_EFFECT = 0.5
@@ -43,7 +45,7 @@ def verdict_label(metric: Metric, verdict: Verdict) -> str:
     return _LABELS[metric].get(verdict, Verdict.no_significant_change.value)
 
 
-class MetricComparison(BaseModel):
+class MetricComparison(Contract):
     """Variant against baseline for one metric: ratio of means with its bootstrap interval."""
 
     model_config = ConfigDict(frozen=True)
@@ -70,7 +72,7 @@ class MetricComparison(BaseModel):
         return f"{self.ratio:.3f}x [{self.ci_low:.3f}, {self.ci_high:.3f}]"
 
 
-class OutputAgreement(BaseModel):
+class OutputAgreement(Contract):
     """Greedy tokens of the variant against the baseline's, prompt by prompt."""
 
     model_config = ConfigDict(frozen=True)
@@ -87,7 +89,7 @@ class OutputAgreement(BaseModel):
         return not self.diverging_prompts
 
 
-class VariantVerdict(BaseModel):
+class VariantVerdict(Contract):
     """One row of the judged comparison: a variant against the baseline on one device class."""
 
     model_config = ConfigDict(frozen=True)
