@@ -7,7 +7,6 @@ from pathlib import Path
 
 # Fixed timestamp so a rebuild of identical files has an identical content address.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
-MLPACKAGE_NAME = "model.mlpackage"
 
 
 class ArtifactError(Exception):

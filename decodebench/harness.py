@@ -66,6 +66,12 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.names import (  # noqa: F401  (part of the harness protocol)
+    DONE_MARKER,
+    JOB_FILE,
+    PACKAGE_NAME,
+    RESULTS_FILE,
+)
 from decodebench.contracts.protocol import PromptResult
 
 HARNESS_PROTOCOL_VERSION = 1
@@ -73,13 +79,9 @@ HARNESS_BUNDLE_ID = "dev.decodebench.harness"
 HARNESS_PROCESS_NAME = "DecodebenchHarness"  # the app's executable: how its log lines are found
 
 DOCUMENTS = "Documents"
-JOB_FILE = "job.json"
-RESULTS_FILE = "results.json"
 PARTIAL_SUFFIX = ".partial"
-DONE_MARKER = "done"
 HARNESS_LOG = "harness.log"
 MODELS_DIR = "models"
-PACKAGE_NAME = "model.mlpackage"
 COMPLETE_MARKER = "complete"
 DEFAULT_WARMUP_STEPS = 2
 DEFAULT_THERMAL_WAIT_S = 60.0

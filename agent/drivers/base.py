@@ -14,6 +14,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceInfo, RunResult
 from decodebench.harness import HarnessJob, HarnessPrompt
 
@@ -101,7 +102,7 @@ class Cancellation:
 
 
 class DeviceDriver(Protocol):
-    name: str
+    name: Driver
 
     def discover(self) -> list[DeviceInfo]:
         """The devices attached now (drivers that watch attach/detach keep this live)."""

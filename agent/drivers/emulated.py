@@ -15,12 +15,13 @@ from typing import Any
 
 from agent.drivers.launchers import DvtLauncher
 from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+from decodebench.contracts.names import Driver
 from decodebench.emulated.ddi import write_ddi_folder
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
 from decodebench.emulated.timing import TimingParameters
 
-DRIVER_NAME = "emulated"
+DRIVER_NAME = Driver.emulated
 
 
 @dataclass(frozen=True)

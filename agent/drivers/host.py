@@ -25,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
+from decodebench.contracts.names import REPORT_NAME, Driver
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 from decodebench.emulated.reference import TorchStepEngine, resolve_config
 from decodebench.harness import MonotonicClock, run_prompt, warm_up
 
 log = logging.getLogger(__name__)
 
-DRIVER_NAME = "host"
-BUILD_REPORT = "build.json"
+DRIVER_NAME = Driver.host
+BUILD_REPORT = REPORT_NAME
 
 
 def cpu_name() -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.drivers.base import DriverError
+from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceInfo
 from decodebench.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES
@@ -23,7 +24,7 @@ class UnknownDevice(Exception):
     """A device this agent cannot serve (no device class for its product type)."""
 
 
-DRIVER_NAME = "pymobiledevice3"
+DRIVER_NAME = Driver.pymobiledevice3
 READY = "ready"
 LOG_TAIL_LINES = 40
 DEVICE_CLASS_BY_PRODUCT = {
@@ -39,7 +40,7 @@ class IosDriverOptions:
     usbmux_address: str | None = None
     harness_ipa: Path | None = None
     bundle_id: str = HARNESS_BUNDLE_ID
-    driver_name: str = DRIVER_NAME
+    driver_name: Driver = DRIVER_NAME
     simulated: bool = False
     poll_interval_s: float = 1.0
     state_every_polls: int = 5
@@ -71,7 +72,7 @@ class DeviceRecord:
         log.debug("[%s] %s", self.udid, message)
 
 
-def device_info(udid: str, values: dict[str, Any], driver: str, simulated: bool) -> DeviceInfo:
+def device_info(udid: str, values: dict[str, Any], driver: Driver, simulated: bool) -> DeviceInfo:
     """The inventory entry of a device, from its lockdown values."""
     product_type = str(values.get("ProductType", ""))
     device_class = DEVICE_CLASS_BY_PRODUCT.get(product_type)

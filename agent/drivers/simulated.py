@@ -35,6 +35,7 @@ from agent.drivers.base import (
     InstalledModel,
 )
 from decodebench.client import file_sha256
+from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, Driver
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 from decodebench.emulated.timing import (
     RunNoise,
@@ -46,9 +47,7 @@ from decodebench.profiles import DeviceProfile, get_profile
 
 log = logging.getLogger(__name__)
 
-DRIVER_NAME = "simulated"
-JOB_FILE = "job.json"
-RESULTS_FILE = "results.json"
+DRIVER_NAME = Driver.simulated
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, mode
 from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.names import Driver
 
 PROTOCOL_VERSION = 1
 # No phone decodes a billion tokens a second: a rate above this is a corrupt figure, and two of
@@ -47,7 +48,7 @@ class DeviceInfo(Incoming):
     device_class: str = Field(min_length=1, max_length=64)
     product_type: str = Field(min_length=1, max_length=64, description="e.g. iPhone17,1")
     os_version: str = Field(default="", max_length=32)
-    driver: str = Field(description="simulated, emulated, pymobiledevice3 or host")
+    driver: Driver = Field(description="simulated, emulated, pymobiledevice3 or host")
     simulated: StrictBool = Field(description="True when timings do not come from a real device")
     battery_level: StrictInt | None = Field(default=None, ge=0, le=100)
     charging: StrictBool | None = None

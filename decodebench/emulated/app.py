@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import RunResult
 from decodebench.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
 from decodebench.emulated.faults import FaultKind
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRIVER_NAME = "emulated"
+DRIVER_NAME = Driver.emulated
 _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="emulated-app")
 REFERENCES = ReferenceCache()
 
