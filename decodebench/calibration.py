@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.contracts.api import FittedPoint
 from decodebench.profiles import BANDWIDTH, OVERHEAD, DeviceProfile
 
 # Below this relative determinant the two columns are (numerically) proportional.
@@ -45,18 +46,6 @@ class Observation(BaseModel):
     @property
     def seconds_per_token(self) -> float:
         return 1.0 / self.measured_tok_s
-
-
-class FittedPoint(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    build: str
-    run_id: int | None
-    bytes_per_token: int
-    dispatch_ops: int
-    measured_tok_s: float
-    predicted_tok_s: float
-    simulated: bool
 
 
 class CalibrationFit(BaseModel):

@@ -221,7 +221,9 @@ class ProfileParameter(_Response):
     calibrated: bool
 
 
-class FittedPointView(_Response):
+class FittedPoint(_Response):
+    """One run in a calibration: its bytes and ops, measured against the fit's prediction."""
+
     build: str
     run_id: int | None
     bytes_per_token: int
@@ -244,7 +246,7 @@ class CalibrationView(_Response):
     note: str
     requested_by: str
     created_at: datetime | None
-    points: list[FittedPointView] | None = None
+    points: list[FittedPoint] | None = None
 
 
 class ProfileView(_Response):

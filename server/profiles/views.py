@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import (
     CalibrationView,
-    FittedPointView,
+    FittedPoint,
     ProfileParameter,
     ProfileView,
 )
@@ -34,7 +34,7 @@ def calibration_view(calibration: ProfileCalibration, *, points: bool = False) -
         note=calibration.note,
         requested_by=calibration.requested_by,
         created_at=calibration.created_at,
-        points=[FittedPointView.model_validate(point) for point in calibration.points]
+        points=[FittedPoint.model_validate(point) for point in calibration.points]
         if points
         else None,
     )
