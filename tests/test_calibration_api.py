@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.conftest import bearer, complete_build
+from tests.conftest import bearer, complete_build, make_token
 
 TRUE_BANDWIDTH_MB_S = 61_000.0
 TRUE_OVERHEAD_US = 4.0
@@ -75,9 +75,9 @@ def run_everything(
 
 
 @pytest.fixture
-def user_token(admin_token: str) -> str:
+def user_token(db: None) -> str:
     """Calibrating changes every user's predictions: these tests act as an operator."""
-    return admin_token
+    return make_token("user", "ci", ("read", "submit", "admin"))
 
 
 @pytest.fixture
