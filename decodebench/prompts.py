@@ -23,6 +23,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -270,20 +271,19 @@ def chat_token_ids(weights: Path, texts: Sequence[str]) -> list[list[int]]:
     template (plain encoding when it has no template), ready for the assistant's answer."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(weights))
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(weights))
     if tokenizer.chat_template is None:
-        return [list(tokenizer(text)["input_ids"]) for text in texts]
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]
+        return [[int(token) for token in tokenizer(text)["input_ids"]] for text in texts]
+    encoded = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
         )
         for text in texts
     ]
+    return [[int(token) for token in item["input_ids"]] for item in encoded]
 
 
 def prompt_token_ids(

@@ -67,16 +67,16 @@ def smollm2_builds(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.mark.slow
 def test_tiles_go_from_sixty_to_none(smollm2_builds) -> None:  # noqa: ANN001
-    repeat, _ = smollm2_builds[(Attention.repeat_kv, KVCache.input)]
-    folded, _ = smollm2_builds[(Attention.folded, KVCache.state)]
-    assert repeat.analysis.tile_ops == 60  # K and V of 30 layers
+    repeat, _ = smollm2_builds[(Attention.repeat_kv, KVCache.state)]
+    folded, _ = smollm2_builds[(Attention.folded, KVCache.input)]
+    assert repeat.analysis.tile_ops == 60  # the K and V caches of 30 layers
     assert folded.analysis.tile_ops == 0
     assert folded.analysis.unknown_ops == {}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "attention, kv", [(Attention.folded, KVCache.state), (Attention.repeat_kv, KVCache.input)]
+    "attention, kv", [(Attention.repeat_kv, KVCache.state), (Attention.folded, KVCache.input)]
 )
 def test_fp16_package_decodes_the_fp32_reference_tokens(
     smollm2_folder: Path,
