@@ -54,7 +54,8 @@ STAGE_WEIGHTS: dict[str, float] = {
     "trace": 0.03,
     "convert": 0.23,
     "quantize": 0.15,
-    "save": 0.12,
+    "save": 0.11,
+    "check_finite": 0.01,
     "analyse": 0.01,
 }
 
@@ -249,6 +250,8 @@ def _build(
         staged = Path(staging) / PACKAGE_NAME
         rewritten = converter.build_package(functions, config, variant, staged, plan, clock)
         plan._cache.clear()
+        with clock.stage("check_finite"):
+            check_finite_decode(staged)
         _replace_directory(staged, package)
 
     with clock.stage("analyse"):
@@ -282,6 +285,23 @@ def _build(
         functions=analysis.functions,
         quant=quant,
     )
+
+
+# Decode steps the publish check runs after its prompt: enough to exercise the cache it wrote.
+FINITE_CHECK_STEPS = 2
+
+
+def check_finite_decode(package: Path) -> None:
+    """Refuse a package whose decode, run in the reference interpreter on one prompt, makes a
+    non-finite value (an fp16 overflow would make the device decode garbage)."""
+    from decodebench.agreement import PackageDecoder
+    from decodebench.mil.defaults import DEFAULT_PROMPT
+    from decodebench.mil.interpreter import NonFiniteError
+
+    try:
+        PackageDecoder(package).greedy(DEFAULT_PROMPT, FINITE_CHECK_STEPS)
+    except NonFiniteError as error:
+        raise BuildError(f"not published: the decode is not finite: {error}") from None
 
 
 def load_report(out_dir: Path) -> BuildReport:

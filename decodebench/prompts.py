@@ -5,7 +5,11 @@ any prefix (`builtin_prompts(5)`) mixes lengths. The set is versioned: results a
 comparable across runs that used the same set, so any edit to the texts (or their order) must
 bump `PROMPT_SET_VERSION` (a test pins `prompt_set_digest()`).
 
-Token ids come from `pseudo_tokenize`, a deterministic stand-in until real tokenizers are wired
+Models that bring a tokenizer (a weights folder with ``tokenizer.json``) get the chat set
+instead (`chat_prompts`, versioned by `CHAT_PROMPT_SET_VERSION`), tokenized with the model's own
+tokenizer and chat template (`prompt_token_ids`).
+
+For presets, token ids come from `pseudo_tokenize`, a deterministic stand-in until real tokenizers are wired
 in: the text is cut into pieces (runs of letters in chunks of at most `MAX_LETTERS_PER_PIECE`,
 single digits, single punctuation marks; whitespace dropped) and each piece is mapped to
 `blake2b(piece) mod vocab_size`. Its piece counts are in the range of a BPE tokenizer on English
@@ -17,6 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -185,3 +192,112 @@ def prompt_set_digest() -> str:
     for text in _BUILTIN_TEXTS:
         digest.update(b"\x00" + text.encode())
     return digest.hexdigest()
+
+
+# --- chat prompts for models that bring a tokenizer ------------------------------------------
+# Short enough that chat template + prompt + 16 decoded tokens fit a context of 256 (the longest
+# is under 130 tokens with SmolLM2's template); varied tasks, interleaved by length like above.
+CHAT_PROMPT_SET_VERSION = "chat-v1"
+
+_CHAT_SHORT = (
+    "What is the capital of France?",
+    "How many days are there in a leap year?",
+    "Translate 'thank you very much' into Spanish.",
+    "What is 12 times 12?",
+    "Name the largest planet in the solar system.",
+    "What colour do you get by mixing blue and yellow?",
+    "Who painted the Mona Lisa?",
+    "Give me a synonym for 'happy'.",
+    "What is the boiling point of water in Celsius?",
+    "Spell the word 'necessary' backwards.",
+)
+
+_CHAT_SENTENCE = (
+    "Write a Python function that returns the square of a number.",
+    "List three fruits that are rich in vitamin C.",
+    "Summarise in one sentence: the meeting was moved from Monday to Wednesday because the "
+    "projector was broken.",
+    "Translate into German: The train leaves at eight o'clock tomorrow morning.",
+    "Explain in one sentence what photosynthesis is.",
+    "Give two tips for sleeping better at night.",
+    "Write a short greeting for a birthday card for my grandmother.",
+    "What is the difference between a list and a tuple in Python?",
+    "Suggest a name for a cat that loves to sleep in the sun.",
+    "Write a SQL query that counts the rows in a table called orders.",
+)
+
+_CHAT_PARAGRAPH = (
+    "Summarise this text in one sentence: Bees collect nectar from flowers and turn it into "
+    "honey. While they move from flower to flower, they carry pollen, which helps plants "
+    "produce fruit and seeds. Without bees, many crops would yield far less food.",
+    "Here is a list of tasks: buy milk, call the dentist, finish the report, water the plants. "
+    "Sort them by urgency and explain your order briefly.",
+    "Read this code and say what it prints: x = [1, 2, 3]; y = x; y.append(4); print(len(x)).",
+    "A shop sells pencils at 30 cents each. Anna buys 7 pencils and pays with a 5 euro note. "
+    "How much change does she get? Show your working.",
+    "Write a four-line poem about the sea at night, with a rhyme at the end of each pair of lines.",
+    "Translate this sentence into French and then into Italian: I would like a cup of coffee "
+    "with milk, please.",
+    "Explain to a child why we have seasons, using the tilt of the Earth, in three short "
+    "sentences.",
+    "My laptop battery drains quickly even when I am only reading documents. List four things "
+    "I could check or change to make it last longer.",
+    "Compare cats and dogs as pets for a family living in a small flat, with one advantage of "
+    "each.",
+    "Write a JavaScript function called isEven that takes a number and returns true when it is "
+    "even, and show one example call.",
+)
+
+CHAT_PROMPT_TEXTS = _interleave(_CHAT_SHORT, _CHAT_SENTENCE, _CHAT_PARAGRAPH)
+CHAT_PROMPT_COUNT = len(CHAT_PROMPT_TEXTS)
+
+
+def chat_prompts(count: int = CHAT_PROMPT_COUNT) -> list[Prompt]:
+    """The first `count` chat prompts, in order (for models with a tokenizer)."""
+    if not 1 <= count <= CHAT_PROMPT_COUNT:
+        raise ValueError(f"prompt count must be between 1 and {CHAT_PROMPT_COUNT}, got {count}")
+    return [Prompt(index=index, text=text) for index, text in enumerate(CHAT_PROMPT_TEXTS[:count])]
+
+
+def has_tokenizer(weights: Path | None) -> bool:
+    """Whether a weights folder carries its tokenizer (else prompts are pseudo-tokenized)."""
+    return weights is not None and (
+        (weights / "tokenizer.json").is_file() or (weights / "tokenizer.model").is_file()
+    )
+
+
+def chat_token_ids(weights: Path, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text as a user turn, through the model's own tokenizer and chat
+    template (plain encoding when it has no template), ready for the assistant's answer."""
+    from transformers import AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(weights))
+    if tokenizer.chat_template is None:
+        return [[int(token) for token in tokenizer(text)["input_ids"]] for text in texts]
+    encoded = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )
+        for text in texts
+    ]
+    return [[int(token) for token in item["input_ids"]] for item in encoded]
+
+
+def prompt_token_ids(
+    prompts: Sequence[Prompt], vocab_size: int, weights: Path | None = None
+) -> list[list[int]]:
+    """Real token ids when ``weights`` has a tokenizer, the pseudo-token stand-in otherwise."""
+    if has_tokenizer(weights):
+        assert weights is not None
+        return chat_token_ids(weights, [prompt.text for prompt in prompts])
+    return [prompt.token_ids(vocab_size) for prompt in prompts]
+
+
+def decode_text(weights: Path, token_ids: Sequence[int]) -> str:
+    """The text of generated token ids (special tokens kept: they show where an answer ends)."""
+    from transformers import AutoTokenizer
+
+    return str(AutoTokenizer.from_pretrained(str(weights)).decode(list(token_ids)))

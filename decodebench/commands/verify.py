@@ -1,7 +1,8 @@
 """``decodebench verify A.mlpackage B.mlpackage --steps N``: do two programs decode the same?
 
 Exit status: 0 when the greedy tokens agree (and logits stay within ``--atol``), 1 when they
-diverge, 2 when the programs cannot be loaded, recognised or run.
+diverge or either program yields a non-finite value (the op is named), 2 when the programs
+cannot be loaded, recognised or run.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def render(result: Any) -> str:
         f"  max |logit diff|  {result.max_abs_diff:.6g} (relative {result.max_rel_diff:.3g};"
         f" tolerance {result.atol:g} + {result.rtol:g} x max|logit|)",
     ]
+    if result.non_finite:
+        lines.insert(1, f"  NON-FINITE        {result.non_finite}")
     for label, interface in (("a", result.interface_a), ("b", result.interface_b)):
         lines.append(
             f"  inputs {label}          token={interface.token} position={interface.position} "

@@ -8,6 +8,9 @@ device; they are deterministic, which is what comparing two programs needs.
 
 States (``read_state`` / ``coreml_update_state``) live in a dict the caller owns, so a decode
 loop keeps its KV cache between calls exactly like ``MLState``.
+
+Non-finite values: by default every op's output is checked, and the first op that makes a NaN,
+or an infinity from finite inputs (an fp16 overflow), raises :class:`NonFiniteError` naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from decodebench.mil.program import MilError
 STATE_OPS = frozenset({"read_state", "coreml_update_state", "write_state"})
 _SUB_BYTE = {"int4": np.int8, "uint1": np.uint8, "uint2": np.uint8, "uint3": np.uint8}
 _SUB_BYTE |= {"uint4": np.uint8, "uint6": np.uint8}
+# fp16 weights widened to fp32 are kept up to this size, so each step does not widen them again
+# (half the time of a step otherwise); larger models widen the rest on every use.
+WIDE_CONSTANT_BUDGET = 2 * 2**30
 
 
 class UnsupportedOpError(MilError):
@@ -34,6 +40,15 @@ class UnsupportedOpError(MilError):
 
 class InterpreterError(MilError):
     """An op failed, or produced something other than what the program declares."""
+
+
+class NonFiniteError(InterpreterError):
+    """An op produced NaN, or an infinity none of its inputs held (an fp16 overflow)."""
+
+    def __init__(self, message: str, op_name: str, op_type: str) -> None:
+        super().__init__(message)
+        self.op_name = op_name
+        self.op_type = op_type
 
 
 @dataclass(frozen=True)
@@ -68,11 +83,14 @@ def op_location(op: Any, index: int, function: str) -> str:
 class Interpreter:
     """Runs one function of a program; construct once, call :meth:`run` for every step."""
 
-    def __init__(self, program: Program, function: str = "main") -> None:
+    def __init__(self, program: Program, function: str = "main", check_finite: bool = True) -> None:
         if function not in program.functions:
             known = ", ".join(sorted(program.functions))
             raise MilError(f"the program has no function {function!r} (it has {known})")
         self.function_name = function
+        # Masks legitimately hold -inf and ops pass it on (softmax turns it into 0), so what is
+        # flagged is an op that *makes* a NaN, or an infinity from finite inputs: an overflow.
+        self.check_finite = check_finite
         self._function = program.functions[function]
         self._operations = list(self._function.operations)
         self.inputs: dict[str, TensorSpec] = {}
@@ -95,6 +113,8 @@ class Interpreter:
         self._check_supported()
         self._last_use = self._last_uses()
         self._constexpr_cache: dict[int, tuple[np.ndarray, ...]] = {}
+        self._wide_constants: dict[int, np.ndarray] = {}
+        self._wide_bytes = 0
 
     def _check_supported(self) -> None:
         for index, op in enumerate(self._operations):
@@ -150,6 +170,8 @@ class Interpreter:
                 raise InterpreterError(f"{location} failed: {error}") from error
             for var, value in zip(op.outputs, results, strict=True):
                 env[id(var)] = self._checked_output(var, value, op, index)
+            if self.check_finite:
+                self._check_finite(op, index, env)
             for var in _input_vars(op):
                 if self._last_use.get(id(var)) == index:
                     env.pop(id(var), None)
@@ -168,7 +190,8 @@ class Interpreter:
         return array.astype(spec.dtype, copy=False)
 
     def _checked_output(self, var: Any, value: Any, op: Any, index: int) -> np.ndarray:
-        array = np.asarray(value).astype(numpy_dtype(var.dtype), copy=False)
+        with np.errstate(over="ignore"):  # an overflow is reported by _check_finite, by op
+            array = np.asarray(value).astype(numpy_dtype(var.dtype), copy=False)
         declared = _static_shape(var)
         if declared is not None and array.shape != declared:
             raise InterpreterError(
@@ -176,6 +199,23 @@ class Interpreter:
                 f"{list(array.shape)}, the program declares {list(declared)}"
             )
         return array
+
+    def _check_finite(self, op: Any, index: int, env: Mapping[int, Any]) -> None:
+        for var in op.outputs:
+            array = env[id(var)]
+            if array.dtype.kind != "f" or np.isfinite(array).all():
+                continue
+            nan = bool(np.isnan(array).any())
+            if not nan and any(_has_infinity(self._value(item, env)) for item in _input_vars(op)):
+                continue  # an infinity passed on (a -inf mask), not made here
+            what = "NaN" if nan else "an infinity (fp16 overflow?)"
+            count = int((~np.isfinite(array)).sum())
+            raise NonFiniteError(
+                f"{op_location(op, index, self.function_name)} produced {what}: "
+                f"{count} of {array.size} values of {var.name!r} are not finite",
+                op.name,
+                op.op_type,
+            )
 
     def _value(self, var: Any, env: Mapping[int, Any]) -> Any:
         if id(var) in env:
@@ -202,9 +242,9 @@ class Interpreter:
             return self._constexpr_cache[id(op)]
         values = {
             name: (
-                [_widen(self._value(item, env)) for item in var]
+                [self._operand(item, env) for item in var]
                 if isinstance(var, list | tuple)
-                else _widen(self._value(var, env))
+                else self._operand(var, env)
             )
             for name, var in op.inputs.items()
         }
@@ -219,6 +259,20 @@ class Interpreter:
             return outputs
         return results
 
+    def _operand(self, var: Any, env: Mapping[int, Any]) -> Any:
+        """An op's input widened to fp32; constants (weights) are widened once, within a budget."""
+        widened = self._wide_constants.get(id(var))
+        if widened is not None:
+            return widened
+        value = _widen(self._value(var, env))
+        producer = var.op.op_type if var.op is not None else ""
+        constant = producer == "const" or producer.startswith("constexpr_")
+        if constant and isinstance(value, np.ndarray) and value.dtype == np.float32:
+            if self._wide_bytes + value.nbytes <= WIDE_CONSTANT_BUDGET:
+                self._wide_constants[id(var)] = value
+                self._wide_bytes += value.nbytes
+        return value
+
     def _state_name(self, var: Any) -> str:
         try:
             return self._state_names[id(var)]
@@ -231,6 +285,11 @@ def _input_vars(op: Any) -> list[Any]:
     for var in op.inputs.values():
         found.extend(var if isinstance(var, list | tuple) else [var])
     return found
+
+
+def _has_infinity(value: Any) -> bool:
+    array = np.asarray(value)
+    return array.dtype.kind == "f" and bool(np.isinf(array).any())
 
 
 def _widen(value: Any) -> Any:

@@ -9,6 +9,9 @@ The programs agree when their greedy tokens are identical at every step and ever
 logit difference stays within ``atol + rtol * max|logits|`` (fp16 noise); a tolerance breach
 alone also counts as a divergence, so two programs that compute different functions are
 reported as different even when a tiny model happens to pick the same tokens.
+
+A program that yields a non-finite value (an op making NaN or overflowing, or a non-finite
+logit) never agrees: the comparison stops there and ``non_finite`` says which program and op.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from decodebench.mil.defaults import DEFAULT_ATOL, DEFAULT_PROMPT, DEFAULT_RTOL
 from decodebench.mil.inputs import DecodeInterface, InputMapping, MappingFile, recognise, step_feed
-from decodebench.mil.interpreter import Interpreter
+from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import MilError, load_package
 
 
@@ -72,6 +75,7 @@ class VerifyResult(BaseModel):
     atol: float
     rtol: float
     agree: bool
+    non_finite: str | None = None
     interface_a: DecodeInterface
     interface_b: DecodeInterface
 
@@ -108,9 +112,16 @@ def compare_sessions(
     step_diffs: list[float] = []  # one per generated token
     breaches: list[bool] = []  # one per position: logits further apart than the tolerance
     max_abs, max_scale = 0.0, 0.0
+    non_finite: str | None = None
     token = prompt[0]
     for position in range(len(prompt) + steps - 1):
-        logits_a, logits_b = a.step(token, position), b.step(token, position)
+        try:
+            logits_a = _finite_step(a, labels[0], token, position)
+            logits_b = _finite_step(b, labels[1], token, position)
+        except NonFiniteError as error:
+            non_finite = str(error)
+            breaches.append(True)
+            break
         difference = float(np.max(np.abs(logits_a - logits_b)))
         scale = float(np.max(np.abs(logits_a)))
         max_abs, max_scale = max(max_abs, difference), max(max_scale, scale)
@@ -131,8 +142,8 @@ def compare_sessions(
         ),
         None,
     )
-    if divergent is None and any(breaches):  # only the prompt steps disagree
-        divergent = 0
+    if divergent is None and any(breaches):  # only the prompt steps (or a non-finite) disagree
+        divergent = len(tokens_a) if non_finite else 0
     return VerifyResult(
         a=labels[0],
         b=labels[1],
@@ -147,9 +158,24 @@ def compare_sessions(
         atol=atol,
         rtol=rtol,
         agree=divergent is None,
+        non_finite=non_finite,
         interface_a=a.interface,
         interface_b=b.interface,
     )
+
+
+def _finite_step(session: DecodeSession, label: str, token: int, position: int) -> np.ndarray:
+    """One step's logits; NonFiniteError naming the program if an op or a logit is not finite."""
+    try:
+        logits = session.step(token, position)
+    except NonFiniteError as error:
+        raise NonFiniteError(f"{label}: {error}", error.op_name, error.op_type) from error
+    if not np.isfinite(logits).all():
+        count = int((~np.isfinite(logits)).sum())
+        raise NonFiniteError(
+            f"{label}: {count} non-finite logits at position {position}", "logits", "output"
+        )
+    return logits
 
 
 def verify_packages(

@@ -1,0 +1,116 @@
+"""Do SmolLM2-135M's fp16 packages decode what transformers decodes in fp32?
+
+For every variant (both attention layouts x both KV modes in fp16, then the quant recipes on
+the folded / state layout) the package is built (or taken from the build cache), and each chat
+prompt is decoded greedily in the reference interpreter, every op checked for non-finite values;
+its tokens are compared with transformers' fp32 greedy tokens for the same prompt.
+
+    python bench/smollm2_agreement.py                       # 30 prompts x 16 tokens, 8 variants
+    python bench/smollm2_agreement.py --prompts 5 --variants folded/state repeat_kv/input
+    python bench/smollm2_agreement.py --json                # one JSON object
+
+Prints one row per variant: prompts whose 16 tokens all equal the reference, prompts with a
+non-finite value, and the share of reference tokens matched before the first difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from decodebench.agreement import AgreementReport, measure_agreement  # noqa: E402
+from decodebench.build import PACKAGE_NAME, build_variant  # noqa: E402
+from decodebench.buildcache import BuildCache  # noqa: E402
+from decodebench.contracts.domain import VariantSpec  # noqa: E402
+from decodebench.mil.program import quiet_coremltools  # noqa: E402
+from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, prompt_token_ids  # noqa: E402
+from decodebench.realmodels import fetch_model  # noqa: E402
+from decodebench.reference import reference_outputs  # noqa: E402
+
+LAYOUT_VARIANTS = ("repeat_kv/state", "folded/state", "repeat_kv/input", "folded/input")
+QUANT_VARIANTS = ("folded/state/w8", "folded/state/w4", "folded/state/base", "folded/state/top8")
+
+
+def parse_variant(text: str, context: int) -> VariantSpec:
+    attention, kv, *quant = text.split("/")
+    return VariantSpec(
+        attention=attention, kv=kv, context=context, quant=quant[0] if quant else "fp16"
+    )
+
+
+def references(weights: Path, prompts: list[list[int]], steps: int, store: Path) -> list[list[int]]:
+    """transformers' fp32 tokens, remembered per (prompts, steps) since they never change."""
+    key = json.dumps({"prompts": prompts, "steps": steps})
+    if store.is_file():
+        saved = json.loads(store.read_text())
+        if saved.get("key") == key:
+            return saved["tokens"]
+    tokens = reference_outputs(weights, prompts, steps)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps({"key": key, "tokens": tokens}))
+    return tokens
+
+
+def row(name: str, report: AgreementReport, seconds: float) -> dict[str, object]:
+    return {
+        "variant": name,
+        "prompts": len(report.prompts),
+        "identical": report.agreeing,
+        "non_finite": report.non_finite,
+        "token_agreement": round(report.token_agreement, 4),
+        "first_divergence": {
+            result.index: result.matching_prefix for result in report.prompts if not result.agree
+        },
+        "seconds": round(seconds, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=CHAT_PROMPT_COUNT)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--variants", nargs="+", default=[*LAYOUT_VARIANTS, *QUANT_VARIANTS])
+    parser.add_argument("--work", default=str(Path.home() / ".cache/decodebench/agreement"))
+    parser.add_argument("--no-cache", action="store_true", help="build every variant afresh")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    weights = fetch_model("smollm2-135m")
+    prompts = prompt_token_ids(chat_prompts(args.prompts), 49152, weights)
+    work = Path(args.work)
+    expected = references(weights, prompts, args.steps, work / "references.json")
+    # The build key names the model, variant and toolchain, not this repository's code: pass
+    # --no-cache after changing the graph code (a stale package would be measured otherwise).
+    cache = None if args.no_cache else BuildCache()
+    rows = []
+    for name in args.variants:
+        variant = parse_variant(name, args.context)
+        started = time.perf_counter()
+        out = work / name.replace("/", "-")
+        with quiet_coremltools():
+            build_variant("smollm2-135m", variant, out, weights=weights, cache=cache)
+            report = measure_agreement(out / PACKAGE_NAME, prompts, expected, args.steps)
+        rows.append(row(name, report, time.perf_counter() - started))
+        if not args.json:
+            line = rows[-1]
+            print(
+                f"{name:22} identical {line['identical']:>2}/{line['prompts']}  "
+                f"non-finite {line['non_finite']}  token agreement {line['token_agreement']:.3f}"
+                f"  first divergence {line['first_divergence']}  ({line['seconds']} s)",
+                flush=True,
+            )
+    if args.json:
+        print(
+            json.dumps({"steps": args.steps, "context": args.context, "variants": rows}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

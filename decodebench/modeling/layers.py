@@ -1,0 +1,93 @@
+"""The decoder's building blocks that no variant axis changes: norm, RoPE, gated MLP."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from decodebench.presets import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, formulated so fp16 cannot overflow.
+
+    Real checkpoints carry residual streams whose mean of squares passes 10^6 (SmolLM2-135M from
+    layer 12 on), far beyond fp16's 65,504, and the Neural Engine computes in fp16. So the
+    statistic is taken of ``x / s``, with ``s`` the power of two at or above ``max(max|x|, 1)``:
+    every square is at most 1. With ``r = 1 / sqrt(mean((x/s)^2) + (sqrt(eps)/s)^2)`` the
+    identity ``x / sqrt(mean(x^2) + eps) = x * (r / s)`` keeps the result exact, eps included
+    (``sqrt(eps)/s`` never overflows; it underflows to 0 only where eps is negligible). Dividing
+    by a power of two is exact in fp16, so the graph rounds exactly where the plain formulation
+    does, and activations within [-1, 1] (``s = 1``) give the same bits as before.
+    """
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+        self.sqrt_eps = math.sqrt(eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, so fp16 weights keep fp32 logits
+        # comparable; the Core ML fp16 pass drops these casts again, hence the scaling.
+        input_dtype = hidden.dtype
+        hidden32 = hidden.float()
+        peak = hidden32.abs().amax(-1, keepdim=True).clamp_min(1.0)
+        scale = torch.exp2(torch.ceil(torch.log2(peak)))
+        variance = (hidden32 / scale).pow(2).mean(-1, keepdim=True)
+        variance = variance + (self.sqrt_eps / scale).pow(2)
+        inverse_rms = torch.rsqrt(variance) / scale
+        return self.weight * (hidden32 * inverse_rms).to(input_dtype)
+
+
+def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
+    # `half` is a Python int on purpose: `x.shape[-1] // 2` would trace into shape arithmetic.
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies in fp64, with Llama 3 scaling when the config has it."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    # Llama 3: long wavelengths slowed down by `factor`, short ones kept, a smooth blend between.
+    old_context = scaling.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    low_wavelength = old_context / scaling.low_freq_factor
+    high_wavelength = old_context / scaling.high_freq_factor
+    slowed = inv_freq / scaling.factor
+    smooth = (old_context / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * slowed + smooth * inv_freq
+    scaled = torch.where(wavelength > low_wavelength, slowed, inv_freq)
+    medium = (wavelength >= high_wavelength) & (wavelength <= low_wavelength)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(config: ModelConfig, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position, [context, head_dim], computed in fp64.
+
+    A table lookup instead of ``position * inv_freq`` in the graph: in fp16 the product loses the
+    low bits of large positions, the table does not.
+    """
+    inv_freq = inverse_frequencies(config)
+    angles = torch.arange(context, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(functional.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
