@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.api import RateSummary, RunSummary
 from decodebench.contracts.protocol import RunResult
 from decodebench.stats import summarize
+from server.db import follow_up_after_commit
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import (
     TERMINAL_RUN_STATES,
@@ -37,10 +38,7 @@ def get_run(session: Session, run_id: int, *, lock: bool = False) -> Run:
     return run
 
 
-def refresh_sweep_state(session: Session, sweep_id: int) -> None:
-    sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
-    if sweep is None:
-        return
+def _sweep_target(session: Session, sweep_id: int) -> tuple[SweepState, str, bool]:
     states = session.execute(
         select(Run.state, Build.state)
         .join(Build, Build.id == Run.build_id)
@@ -49,15 +47,38 @@ def refresh_sweep_state(session: Session, sweep_id: int) -> None:
     run_states = [run_state for run_state, _ in states]
     if all(state in TERMINAL_RUN_STATES for state in run_states):
         failed = run_states.count(RunState.failed)
-        target = SweepState.failed if failed else SweepState.completed
-        reason = f"{failed} of {len(run_states)} runs failed" if failed else "all runs succeeded"
-        if sweep.finished_at is None:
-            sweep.finished_at = datetime.now(UTC)
-    elif any(build_state != BuildState.succeeded for _, build_state in states):
-        target, reason = SweepState.building, "waiting for builds"
-    else:
-        target, reason = SweepState.running, "all builds ready; runs in progress"
+        if failed:
+            return SweepState.failed, f"{failed} of {len(run_states)} runs failed", True
+        return SweepState.completed, "all runs succeeded", True
+    if any(build_state != BuildState.succeeded for _, build_state in states):
+        return SweepState.building, "waiting for builds", False
+    return SweepState.running, "all builds ready; runs in progress", False
+
+
+def refresh_sweep_state(session: Session, sweep_id: int) -> None:
+    sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
+    if sweep is None:
+        return
+    target, reason, ended = _sweep_target(session, sweep_id)
+    if ended and sweep.finished_at is None:
+        sweep.finished_at = datetime.now(UTC)
     move(session, "sweep", sweep, target, reason)
+
+
+def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
+    """Bring the sweep's state up to date once this transaction is committed.
+
+    Every claim and upload used to lock the sweep row, so all devices of a sweep queued on it.
+    Checked after the commit, the last of two concurrently finishing runs always sees both
+    (its check starts after its own commit, which follows or precedes the other's check), so
+    the lock is taken only when the state actually changes."""
+
+    def settle(follow_up: Session) -> None:
+        state = follow_up.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
+        if state is not None and _sweep_target(follow_up, sweep_id)[0] != state:
+            refresh_sweep_state(follow_up, sweep_id)
+
+    follow_up_after_commit(session, settle)
 
 
 def refresh_sweeps_of_build(session: Session, build_id: int) -> None:
@@ -128,7 +149,7 @@ def claim_run(session: Session, agent_id: int, device_udid: str, lease_seconds: 
     run.started_at = now
     run.lease_expires_at = now + timedelta(seconds=lease_seconds)
     move(session, "run", run, RunState.running, f"claimed for {device_udid}")
-    refresh_sweep_state(session, run.sweep_id)
+    settle_sweep_after_commit(session, run.sweep_id)
     return run
 
 
@@ -153,6 +174,11 @@ def fail_run(
     run = _owned_running_run(session, run_id, agent_id)
     _requeue_or_fail(session, run, reason, max_attempts if retryable else 0)
     return run
+
+
+def fail_unassignable(session: Session, run: Run, reason: str) -> None:
+    """A claimed run that cannot be handed out (its stored rows do not read) fails for good."""
+    _requeue_or_fail(session, run, reason, 0)
 
 
 def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
@@ -188,15 +214,18 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
                 f"prompts.{prompt.prompt_index}: generated_tokens {prompt.generated_tokens} "
                 f"exceeds the sweep's decode_tokens {decode_tokens}"
             )
-    for prompt in result.prompts:
-        values = prompt.model_dump()
-        values.update(run_id=run_id, simulated=result.simulated)
+    # One statement for the whole batch: a run's prompts arrive in one upload.
+    rows_in = [
+        {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
+        for prompt in result.prompts
+    ]
+    if rows_in:
+        statement = insert(PromptResultRow).values(rows_in)
+        updated = [key for key in rows_in[0] if key not in ("run_id", "prompt_index")]
         session.execute(
-            insert(PromptResultRow)
-            .values(**values)
-            .on_conflict_do_update(
+            statement.on_conflict_do_update(
                 index_elements=[PromptResultRow.run_id, PromptResultRow.prompt_index],
-                set_={key: value for key, value in values.items() if key != "run_id"},
+                set_={key: statement.excluded[key] for key in updated},
             )
         )
     session.flush()
@@ -209,7 +238,7 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         run.lease_expires_at = None
         run.failure_reason = None
         move(session, "run", run, RunState.succeeded, f"{len(rows)} prompts uploaded")
-        refresh_sweep_state(session, run.sweep_id)
+        settle_sweep_after_commit(session, run.sweep_id)
     return run
 
 
