@@ -14,7 +14,7 @@ from server.artifacts.endpoints import router as artifacts_router
 from server.builds.endpoints import router as builds_router
 from server.errors import install_error_handlers
 from server.health import router as health_router
-from server.limits import install_body_limit
+from server.limits import install_limits
 from server.profiles.endpoints import router as profiles_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.pages import LoginRequired
@@ -33,7 +33,7 @@ def create_app() -> FastAPI:
     async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:
         return RedirectResponse("/login", status_code=303)
 
-    install_body_limit(app)
+    install_limits(app)
     for router in (
         health_router,
         sweeps_router,

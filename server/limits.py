@@ -1,4 +1,5 @@
-"""Request-body size limits, enforced while the body streams in.
+"""Limits on what one server process takes on: request-body sizes, enforced while the body
+streams in, and requests in progress.
 
 A body that declares a larger Content-Length is refused before a byte of it is read; one that
 streams past the limit is cut off at the limit (the handler reading it gets the 413), so neither
@@ -6,6 +7,7 @@ a huge JSON document is parsed nor a huge artifact written to disk in full."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import FastAPI, HTTPException
@@ -62,20 +64,74 @@ class BodyLimit:
 
 
 async def _refuse(send: Send, error: BodyTooLarge) -> None:
-    body = json.dumps({"detail": error.detail}).encode()
+    await _send_json(send, 413, {"detail": error.detail}, [(b"connection", b"close")])
+
+
+async def _send_json(
+    send: Send, status: int, content: dict, headers: list[tuple[bytes, bytes]]
+) -> None:
+    body = json.dumps(content).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
+                *headers,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
 
 
-def install_body_limit(app: FastAPI) -> None:
+class Admission:
+    """At most as many requests in progress as the process has database connections.
+
+    A request takes a connection in one thread (its token lookup) and needs another thread later
+    (its handler); with more requests in flight than connections, threads blocked waiting for a
+    connection starve the requests that hold one, and the process freezes until the pool times
+    out. Admitted requests always find a connection; the others wait here, on the event loop,
+    and after the pool timeout are told 503 with Retry-After. Health probes are not counted."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._slots: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] in UNCOUNTED
+            or scope["path"].startswith("/static/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        settings = get_settings()
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), settings.db_pool_timeout_s)
+        except TimeoutError:
+            await _busy(send, settings.retry_after_s)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._slots.release()
+
+
+UNCOUNTED = frozenset({"/api/v1/health"})
+
+
+async def _busy(send: Send, retry_after: int) -> None:
+    await _send_json(
+        send,
+        503,
+        {"detail": f"server busy: every database connection is in use; retry in {retry_after} s"},
+        [(b"retry-after", str(retry_after).encode())],
+    )
+
+
+def install_limits(app: FastAPI) -> None:
     app.add_middleware(BodyLimit)
+    app.add_middleware(Admission)

@@ -56,8 +56,7 @@ def claim_assignment(
         if run is None:
             return None
         try:
-            with session.begin_nested():
-                return assignment_for(session, run, settings)
+            return assignment_for(session, run, settings)
         except Exception as error:  # noqa: BLE001 - any defect of the stored rows fails this run only
             reason = f"cannot assign run {run.id}: {type(error).__name__}: {error}"[:500]
             logger.warning(reason)

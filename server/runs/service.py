@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Row, func, select
+from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import RateSummary, RunSummary
@@ -148,8 +148,9 @@ def claim_run(session: Session, agent_id: int, device_udid: str, lease_seconds: 
     run.device_udid = device_udid
     run.started_at = now
     run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    # A claim changes no sweep's state: its run was queued, so its build had succeeded and the
+    # sweep was already running (or building for its other builds), and it stays so.
     move(session, "run", run, RunState.running, f"claimed for {device_udid}")
-    settle_sweep_after_commit(session, run.sweep_id)
     return run
 
 
@@ -214,22 +215,20 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
                 f"prompts.{prompt.prompt_index}: generated_tokens {prompt.generated_tokens} "
                 f"exceeds the sweep's decode_tokens {decode_tokens}"
             )
-    # One statement for the whole batch: a run's prompts arrive in one upload.
-    rows_in = [
-        {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
-        for prompt in result.prompts
-    ]
-    if rows_in:
-        statement = insert(PromptResultRow).values(rows_in)
-        updated = [key for key in rows_in[0] if key not in ("run_id", "prompt_index")]
-        session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[PromptResultRow.run_id, PromptResultRow.prompt_index],
-                set_={key: statement.excluded[key] for key in updated},
-            )
+    # One round trip for the whole batch, through a statement compiled once per process: a
+    # run's prompts arrive in one upload.
+    session.execute(
+        _UPSERT_PROMPT,
+        [
+            {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
+            for prompt in result.prompts
+        ],
+    )
+    rows = session.execute(
+        select(PromptResultRow.decode_tok_s, PromptResultRow.ttft_ms).where(
+            PromptResultRow.run_id == run_id
         )
-    session.flush()
-    rows = session.scalars(select(PromptResultRow).where(PromptResultRow.run_id == run_id)).all()
+    ).all()
     run.simulated = result.simulated
     run.driver = result.driver
     run.summary = _run_summary(result, rows)
@@ -240,6 +239,20 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         move(session, "run", run, RunState.succeeded, f"{len(rows)} prompts uploaded")
         settle_sweep_after_commit(session, run.sweep_id)
     return run
+
+
+def _upsert_prompt_statement() -> Insert:
+    table = PromptResultRow.__table__
+    statement = insert(table)
+    kept = {"id", "run_id", "prompt_index"}
+    return statement.on_conflict_do_update(
+        index_elements=[table.c.run_id, table.c.prompt_index],
+        set_={column.name: statement.excluded[column.name] for column in table.c
+              if column.name not in kept},
+    )  # fmt: skip
+
+
+_UPSERT_PROMPT = _upsert_prompt_statement()
 
 
 def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
@@ -256,7 +269,7 @@ def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
     return True
 
 
-def _run_summary(result: RunResult, rows: Sequence[PromptResultRow]) -> dict[str, object]:
+def _run_summary(result: RunResult, rows: Sequence[Row[tuple[float, float]]]) -> dict[str, object]:
     decode = summarize([row.decode_tok_s for row in rows])
     summary = RunSummary(
         prompts=len(rows),
