@@ -192,7 +192,11 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         if _already_stored(session, run_id, result):
             return run
         raise Conflict(f"run {run_id} has ended (succeeded); its results are immutable")
-    if run.state != RunState.running:
+    # A run whose lease ran out while its agent could not reach us (a server outage, say) went
+    # back to the queue; nobody has claimed it since, so its finished results are still the
+    # run's: take them rather than measure it again.
+    late = run.state == RunState.queued and result.device_udid == run.device_udid
+    if run.state != RunState.running and not late:
         raise Conflict(f"run {run_id} is {run.state}; results are no longer accepted")
     if result.device_udid != run.device_udid:
         raise InvalidInput(f"results are from {result.device_udid}, run is on {run.device_udid}")
@@ -232,11 +236,12 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
     run.simulated = result.simulated
     run.driver = result.driver
     run.summary = _run_summary(result, rows)
-    if len(rows) == expected_prompts and run.state == RunState.running:
+    if len(rows) == expected_prompts and run.state in (RunState.running, RunState.queued):
         run.finished_at = datetime.now(UTC)
         run.lease_expires_at = None
         run.failure_reason = None
-        move(session, "run", run, RunState.succeeded, f"{len(rows)} prompts uploaded")
+        reason = f"{len(rows)} prompts uploaded" + (" after its lease expired" if late else "")
+        move(session, "run", run, RunState.succeeded, reason)
         settle_sweep_after_commit(session, run.sweep_id)
     return run
 
