@@ -42,7 +42,7 @@ def _complete_with_a_package(client: httpx.Client, build: dict, worker_token: st
         f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers
     ).json()["lease"]
     assert client.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers).is_success
-    report = build_report(build, full_analysis({}))
+    report = build_report(build, full_analysis({"bytes_per_token": {"total": 50_000_000}}))
     done = client.post(
         f"/api/v1/builds/{build['id']}/complete",
         json={"lease": lease, "artifact_sha256": sha256, "report": report},
@@ -76,7 +76,7 @@ def test_results_finished_during_an_outage_arrive_once_and_nothing_runs_twice(
             _complete_with_a_package(client, build, stack.tokens["worker"])
     sweep_id = sweep.json()["id"]
     # each simulated run lasts a few seconds, so the server can go away in the middle of one
-    stack.start_agent(["iphone-17-pro"], "--time-scale", "3", "--poll-interval", "0.5")
+    stack.start_agent(["iphone-17-pro"], "--time-scale", "5", "--poll-interval", "0.5")
     deadline = time.monotonic() + 60
     artifacts = stack.var_dir / "agent" / "artifacts"
     while not list(artifacts.glob("*.zip")):  # claimed, and the artifact is in: it is running
