@@ -24,6 +24,7 @@ from agent.drivers.base import DeviceDriver
 from agent.drivers.factory import build_driver
 from agent.drivers.ios_fixes import with_status_fix
 from agent.health import BUSY, READY, DeviceHealth, gate
+from agent.outbox import Outbox
 from agent.registration import (
     MAX_BACKOFF_S,
     RegistrationRefused,
@@ -76,6 +77,7 @@ class Agent:
             driver,
             ArtifactCache(settings.work_dir / "artifacts", client.download_artifact),
             shutdown=self.stop,
+            outbox=Outbox(settings.work_dir / "outbox"),
             run_timeout_s=settings.run_timeout_s,
         )
         self._slots: dict[str, DeviceSlot] = {}
@@ -287,6 +289,10 @@ class Agent:
                     slot.empty_polls += 1
                 self.stop.wait(self.settings.poll_interval_s)
                 continue
+            # Finished results first: claiming while they wait could see their run expire and
+            # be claimed again, here or elsewhere.
+            if not self.executor.outbox.deliver(self.client.upload_results, self.stop):
+                break
             try:
                 claim = self.client.claim_run(udid)
             except (ApiError, httpx.HTTPError) as error:

@@ -27,6 +27,7 @@ from agent.drivers.base import (
     RunCancelled,
     run_on_device,
 )
+from agent.outbox import Outbox
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.presets import get_preset
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 
 MAX_REASON_CHARS = 2000
 DEVICE_LOG_TAIL_CHARS = 600
-UPLOAD_ATTEMPTS = 4
 
 
 class JobError(ValueError):
@@ -148,7 +148,7 @@ def failure_reason(error: BaseException, step: str) -> tuple[str, bool]:
 
 
 class LeaseKeeper:
-    """Renews a run's lease in the background; cancels the run once the lease is lost."""
+    """Renews a run's lease in the background; cancels the run once the server refuses it."""
 
     def __init__(
         self, client: DecodebenchClient, run_id: int, lease_seconds: float, cancel: Cancellation
@@ -176,10 +176,12 @@ class LeaseKeeper:
 
     def _renew_until_stopped(self) -> None:
         last_renewed = time.monotonic()
+        overdue_logged = False
         while not self._stopped.wait(self._interval_s):
             try:
                 self._client.renew_lease(self._run_id)
                 last_renewed = time.monotonic()
+                overdue_logged = False
             except ApiError as error:
                 if 400 <= error.status_code < 500:
                     self._lose(f"lease lost: server refused renewal ({error})")
@@ -187,9 +189,16 @@ class LeaseKeeper:
                 log.warning("run %d: lease renewal failed, will retry: %s", self._run_id, error)
             except httpx.HTTPError as error:
                 log.warning("run %d: lease renewal failed, will retry: %r", self._run_id, error)
-            if time.monotonic() - last_renewed > self._lease_seconds:
-                self._lose(f"lease lost: not renewed for {self._lease_seconds:g} s")
-                return
+            # Unreachable is not refused: the run goes on and its results wait in the outbox.
+            # The server takes them if nobody claimed the run again meanwhile (and answers 409
+            # if somebody did), so giving up here would only waste a finished run.
+            if time.monotonic() - last_renewed > self._lease_seconds and not overdue_logged:
+                overdue_logged = True
+                log.warning(
+                    "run %d: lease not renewed for %.0f s (server unreachable); carrying on",
+                    self._run_id,
+                    self._lease_seconds,
+                )
 
     def _lose(self, reason: str) -> None:
         log.error("run %d: %s; abandoning it", self._run_id, reason)
@@ -204,12 +213,14 @@ class RunExecutor:
         driver: DeviceDriver,
         cache: ArtifactCache,
         shutdown: threading.Event,
+        outbox: Outbox,
         run_timeout_s: float = 3600.0,
     ) -> None:
         self.client = client
         self.driver = driver
         self.cache = cache
         self.shutdown = shutdown
+        self.outbox = outbox
         self.run_timeout_s = run_timeout_s
 
     def execute(self, assignment: RunAssignment, device: DeviceInfo) -> RunOutcome:
@@ -233,32 +244,16 @@ class RunExecutor:
                 return self._fail(assignment, error, step, lease_lost=lease.lost)
             if lease.lost:
                 return RunOutcome(run_id, completed=False, reason=cancel.reason or "lease lost")
-            try:
-                self._upload(run_id, result)
-            except Exception as error:
-                return self._fail(assignment, error, "uploading results", lease_lost=lease.lost)
+            # On disk before the first upload: a server outage of any length loses nothing.
+            entry = self.outbox.put(run_id, result)
+            delivered = self.outbox.deliver(self.client.upload_results, self.shutdown, until=entry)
+            refusal = self.outbox.refused.pop(entry, None)
+            if refusal is not None:
+                return self._fail(assignment, refusal, "uploading results", lease_lost=lease.lost)
+        if not delivered:
+            log.warning("run %d: results kept in the outbox for the next start", run_id)
         _log_completed(assignment, device, result, time.monotonic() - started)
         return RunOutcome(run_id, completed=True, result=result)
-
-    def _upload(self, run_id: int, result: RunResult) -> None:
-        # Uploads are idempotent per (run, prompt), so retrying a timed-out upload is safe.
-        for attempt in range(1, UPLOAD_ATTEMPTS + 1):
-            try:
-                self.client.upload_results(run_id, result)
-                return
-            except (httpx.TransportError, ApiError) as error:
-                transient = not isinstance(error, ApiError) or error.status_code >= 500
-                if not transient or attempt == UPLOAD_ATTEMPTS:
-                    raise
-                delay_s = 2 ** (attempt - 1)
-                log.warning(
-                    "run %d: upload attempt %d failed (%s); retrying in %d s",
-                    run_id,
-                    attempt,
-                    error,
-                    delay_s,
-                )
-                time.sleep(delay_s)
 
     def _fail(
         self, assignment: RunAssignment, error: Exception, step: str, lease_lost: bool

@@ -107,12 +107,14 @@ class Stack:
         self.processes[name] = process
         return process
 
-    def start_server(self, **settings: str) -> None:
+    def start_server(self, *args: str, **settings: str) -> None:
+        """``args`` go to `python -m server` (``--workers 2``); ``settings`` are environment."""
         self._spawn(
             "server",
-            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port),
+             *args],
             self.env(**settings),
-        )
+        )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             self.check_alive()

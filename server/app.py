@@ -7,15 +7,14 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy import text
 
 from decodebench import __version__
-from decodebench.contracts.api import Health
 from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
-from server.auth import SessionDep
 from server.builds.endpoints import router as builds_router
 from server.errors import install_error_handlers
+from server.health import router as health_router
+from server.limits import install_limits
 from server.profiles.endpoints import router as profiles_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.pages import LoginRequired
@@ -34,12 +33,9 @@ def create_app() -> FastAPI:
     async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:
         return RedirectResponse("/login", status_code=303)
 
-    @app.get("/api/v1/health", tags=["health"], response_model=Health)
-    def health(session: SessionDep) -> Health:
-        session.execute(text("select 1"))
-        return Health(status="ok", version=__version__)
-
+    install_limits(app)
     for router in (
+        health_router,
         sweeps_router,
         builds_router,
         profiles_router,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from decodebench import __version__
@@ -34,6 +34,17 @@ class Settings(BaseSettings):
     # Builds are keyed by the toolchain that makes them; workers refuse to build for another one.
     toolchain_coremltools: str = "9.0"
     toolchain_torch: str = "2.13.0"
+    # Database connections per server process; a request waits at most the pool timeout for
+    # one, then gets 503 with Retry-After (docs: README "Under load and faults").
+    db_pool_size: int = Field(default=8, ge=1, le=100)
+    db_max_overflow: int = Field(default=4, ge=0, le=100)
+    db_pool_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    retry_after_s: int = Field(default=2, ge=1, le=60)
+    # Server processes `python -m server` starts (uvicorn workers); none keeps state in memory.
+    workers: int = Field(default=1, ge=1, le=32)
+    # Refused with 413 while the body streams in, before it is parsed.
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_artifact_bytes: int = Field(default=4 * 1024**3, ge=1024)
 
     @model_validator(mode="after")
     def _production_needs_real_services(self) -> Settings:

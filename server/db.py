@@ -11,11 +11,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.config import get_settings
 
 AFTER_COMMIT_KEY = "after_commit"
+FOLLOW_UP_KEY = "follow_up"
 
 
 @lru_cache
 def get_engine() -> Engine:
-    return create_engine(get_settings().database_url, pool_pre_ping=True, pool_size=10)
+    # Sized per server process (`python -m server --workers N` multiplies it). A request that
+    # cannot get a connection within the pool timeout is answered 503 with Retry-After
+    # (server/errors.py) instead of hanging its client and the threads behind it.
+    settings = get_settings()
+    return create_engine(
+        settings.database_url,
+        pool_pre_ping=True,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_s,
+    )
 
 
 @lru_cache
@@ -28,6 +39,14 @@ def run_after_commit(session: Session, callback: Callable[[], None]) -> None:
     session.info.setdefault(AFTER_COMMIT_KEY, []).append(callback)
 
 
+def follow_up_after_commit(session: Session, work: Callable[[Session], None]) -> None:
+    """Run ``work`` in a second transaction on the same session once this one is committed.
+
+    For bookkeeping that must see every concurrent writer's committed rows (is this the last
+    run of its sweep?) without making them all queue on one row lock."""
+    session.info.setdefault(FOLLOW_UP_KEY, []).append(work)
+
+
 @event.listens_for(Session, "after_commit")
 def _run_deferred(session: Session) -> None:
     callbacks = session.info.pop(AFTER_COMMIT_KEY, [])
@@ -38,6 +57,15 @@ def _run_deferred(session: Session) -> None:
 @event.listens_for(Session, "after_rollback")
 def _drop_deferred(session: Session) -> None:
     session.info.pop(AFTER_COMMIT_KEY, None)
+    session.info.pop(FOLLOW_UP_KEY, None)
+
+
+def commit_with_follow_ups(session: Session) -> None:
+    session.commit()
+    while follow_ups := session.info.pop(FOLLOW_UP_KEY, []):
+        for work in follow_ups:
+            work(session)
+        session.commit()
 
 
 def session_scope() -> Iterator[Session]:
@@ -45,7 +73,7 @@ def session_scope() -> Iterator[Session]:
     session = get_sessionmaker()()
     try:
         yield session
-        session.commit()
+        commit_with_follow_ups(session)
     except BaseException:
         session.rollback()
         raise

@@ -7,9 +7,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from decodebench.contracts.api import ErrorResponse
 from decodebench.profiles import UnknownDeviceClass
+from server.config import get_settings
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -28,9 +30,10 @@ _DESCRIPTIONS = {
     409: "The resource is not in a state that allows this",
     413: "The request body is larger than the server accepts",
     422: "The request does not validate; the detail names the field",
+    503: "The server is saturated; retry after the Retry-After header's seconds",
 }
 # What every authenticated operation may answer besides success.
-AUTHENTICATED_ERRORS = error_responses(400, 401, 403, 404, 409, 422)
+AUTHENTICATED_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
 
 
 class DecodebenchError(Exception):
@@ -75,6 +78,17 @@ def install_error_handlers(app: FastAPI) -> None:
             for error in exc.errors()
         ]
         return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(PoolTimeout)
+    async def _saturated(request: Request, exc: PoolTimeout) -> JSONResponse:
+        # No database connection came free within the pool timeout: say so at once, and when
+        # to come back, rather than letting clients and request threads pile up.
+        retry_after = get_settings().retry_after_s
+        return JSONResponse(
+            {"detail": f"server busy: no database connection free; retry in {retry_after} s"},
+            status_code=503,
+            headers={"Retry-After": str(retry_after)},
+        )
 
     @app.exception_handler(UnknownDeviceClass)
     async def _unknown_device_class(request: Request, exc: UnknownDeviceClass) -> JSONResponse:

@@ -17,12 +17,24 @@ class Contract(BaseModel):
 
 
 def _has_lone_surrogate(value: Any) -> bool:
+    # Walked on every request body (result uploads carry thousands of numbers): strings are
+    # checked by the codec in C, and numbers are skipped without a call.
     if isinstance(value, str):
-        return any(0xD800 <= ord(character) <= 0xDFFF for character in value)
+        if value.isascii():
+            return False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
     if isinstance(value, dict):
         return any(_has_lone_surrogate(key) or _has_lone_surrogate(v) for key, v in value.items())
     if isinstance(value, list | tuple):
-        return any(_has_lone_surrogate(item) for item in value)
+        return any(
+            _has_lone_surrogate(item)
+            for item in value
+            if isinstance(item, str | dict | list | tuple)
+        )
     return False
 
 

@@ -20,7 +20,7 @@ from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS
 from server.paths import RowId
 from server.runs import service as runs
-from server.runs.assignment import assignment_for
+from server.runs.assignment import claim_assignment
 
 router = APIRouter(prefix="/api/v1", tags=["agents"], responses=AUTHENTICATED_ERRORS)
 
@@ -55,10 +55,7 @@ def claim(body: ClaimRequest, token: AgentToken, session: SessionDep) -> ClaimRe
     agent = service.agent_for_token(session, token)
     settings = get_settings()
     runs.expire_leases(session, settings.max_run_attempts)
-    run = runs.claim_run(session, agent.id, body.device_udid, settings.lease_seconds)
-    if run is None:
-        return ClaimResponse(run=None)
-    return ClaimResponse(run=assignment_for(session, run, settings))
+    return ClaimResponse(run=claim_assignment(session, agent.id, body.device_udid, settings))
 
 
 @router.post("/runs/{run_id}/lease", response_model=LeaseRenewal)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec
@@ -9,6 +11,9 @@ from decodebench.contracts.protocol import RunAssignment
 from server.builds.views import report_of
 from server.config import Settings
 from server.models import Build, Run, Sweep
+from server.runs import service as runs
+
+logger = logging.getLogger(__name__)
 
 
 def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignment:
@@ -34,3 +39,26 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         lease_expires_at=run.lease_expires_at.isoformat(),
         lease_seconds=settings.lease_seconds,
     )
+
+
+# A claim gives up looking after this many unusable runs in one request; the next claim goes on.
+MAX_UNUSABLE_RUNS_PER_CLAIM = 20
+
+
+def claim_assignment(
+    session: Session, agent_id: int, device_udid: str, settings: Settings
+) -> RunAssignment | None:
+    """Claim the next run for a device. A run whose assignment cannot be built (a stored report
+    that no longer reads, say) is failed with the reason, and the claim moves on to the next:
+    one bad row must not jam its device class's queue."""
+    for _ in range(MAX_UNUSABLE_RUNS_PER_CLAIM):
+        run = runs.claim_run(session, agent_id, device_udid, settings.lease_seconds)
+        if run is None:
+            return None
+        try:
+            return assignment_for(session, run, settings)
+        except Exception as error:  # noqa: BLE001 - any defect of the stored rows fails this run only
+            reason = f"cannot assign run {run.id}: {type(error).__name__}: {error}"[:500]
+            logger.warning(reason)
+            runs.fail_unassignable(session, run, reason)
+    return None

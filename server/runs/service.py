@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Table, func, select
+from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import RateSummary, RunSummary
 from decodebench.contracts.protocol import RunResult
 from decodebench.stats import summarize
+from server.db import follow_up_after_commit
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import (
     TERMINAL_RUN_STATES,
@@ -37,10 +39,7 @@ def get_run(session: Session, run_id: int, *, lock: bool = False) -> Run:
     return run
 
 
-def refresh_sweep_state(session: Session, sweep_id: int) -> None:
-    sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
-    if sweep is None:
-        return
+def _sweep_target(session: Session, sweep_id: int) -> tuple[SweepState, str, bool]:
     states = session.execute(
         select(Run.state, Build.state)
         .join(Build, Build.id == Run.build_id)
@@ -49,15 +48,38 @@ def refresh_sweep_state(session: Session, sweep_id: int) -> None:
     run_states = [run_state for run_state, _ in states]
     if all(state in TERMINAL_RUN_STATES for state in run_states):
         failed = run_states.count(RunState.failed)
-        target = SweepState.failed if failed else SweepState.completed
-        reason = f"{failed} of {len(run_states)} runs failed" if failed else "all runs succeeded"
-        if sweep.finished_at is None:
-            sweep.finished_at = datetime.now(UTC)
-    elif any(build_state != BuildState.succeeded for _, build_state in states):
-        target, reason = SweepState.building, "waiting for builds"
-    else:
-        target, reason = SweepState.running, "all builds ready; runs in progress"
+        if failed:
+            return SweepState.failed, f"{failed} of {len(run_states)} runs failed", True
+        return SweepState.completed, "all runs succeeded", True
+    if any(build_state != BuildState.succeeded for _, build_state in states):
+        return SweepState.building, "waiting for builds", False
+    return SweepState.running, "all builds ready; runs in progress", False
+
+
+def refresh_sweep_state(session: Session, sweep_id: int) -> None:
+    sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
+    if sweep is None:
+        return
+    target, reason, ended = _sweep_target(session, sweep_id)
+    if ended and sweep.finished_at is None:
+        sweep.finished_at = datetime.now(UTC)
     move(session, "sweep", sweep, target, reason)
+
+
+def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
+    """Bring the sweep's state up to date once this transaction is committed.
+
+    Every claim and upload used to lock the sweep row, so all devices of a sweep queued on it.
+    Checked after the commit, the last of two concurrently finishing runs always sees both
+    (its check starts after its own commit, which follows or precedes the other's check), so
+    the lock is taken only when the state actually changes."""
+
+    def settle(follow_up: Session) -> None:
+        state = follow_up.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
+        if state is not None and _sweep_target(follow_up, sweep_id)[0] != state:
+            refresh_sweep_state(follow_up, sweep_id)
+
+    follow_up_after_commit(session, settle)
 
 
 def refresh_sweeps_of_build(session: Session, build_id: int) -> None:
@@ -127,8 +149,9 @@ def claim_run(session: Session, agent_id: int, device_udid: str, lease_seconds: 
     run.device_udid = device_udid
     run.started_at = now
     run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    # A claim changes no sweep's state: its run was queued, so its build had succeeded and the
+    # sweep was already running (or building for its other builds), and it stays so.
     move(session, "run", run, RunState.running, f"claimed for {device_udid}")
-    refresh_sweep_state(session, run.sweep_id)
     return run
 
 
@@ -155,6 +178,11 @@ def fail_run(
     return run
 
 
+def fail_unassignable(session: Session, run: Run, reason: str) -> None:
+    """A claimed run that cannot be handed out (its stored rows do not read) fails for good."""
+    _requeue_or_fail(session, run, reason, 0)
+
+
 def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
     """Idempotent per (run, prompt) while the run runs; once it has ended its results are
     immutable: the same upload again is answered as stored, a different one is refused."""
@@ -165,7 +193,11 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         if _already_stored(session, run_id, result):
             return run
         raise Conflict(f"run {run_id} has ended (succeeded); its results are immutable")
-    if run.state != RunState.running:
+    # A run whose lease ran out while its agent could not reach us (a server outage, say) went
+    # back to the queue; nobody has claimed it since, so its finished results are still the
+    # run's: take them rather than measure it again.
+    late = run.state == RunState.queued and result.device_udid == run.device_udid
+    if run.state != RunState.running and not late:
         raise Conflict(f"run {run_id} is {run.state}; results are no longer accepted")
     if result.device_udid != run.device_udid:
         raise InvalidInput(f"results are from {result.device_udid}, run is on {run.device_udid}")
@@ -188,29 +220,45 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
                 f"prompts.{prompt.prompt_index}: generated_tokens {prompt.generated_tokens} "
                 f"exceeds the sweep's decode_tokens {decode_tokens}"
             )
-    for prompt in result.prompts:
-        values = prompt.model_dump()
-        values.update(run_id=run_id, simulated=result.simulated)
-        session.execute(
-            insert(PromptResultRow)
-            .values(**values)
-            .on_conflict_do_update(
-                index_elements=[PromptResultRow.run_id, PromptResultRow.prompt_index],
-                set_={key: value for key, value in values.items() if key != "run_id"},
-            )
+    # One round trip for the whole batch, through a statement compiled once per process: a
+    # run's prompts arrive in one upload.
+    session.execute(
+        _UPSERT_PROMPT,
+        [
+            {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
+            for prompt in result.prompts
+        ],
+    )
+    rows = session.execute(
+        select(PromptResultRow.decode_tok_s, PromptResultRow.ttft_ms).where(
+            PromptResultRow.run_id == run_id
         )
-    session.flush()
-    rows = session.scalars(select(PromptResultRow).where(PromptResultRow.run_id == run_id)).all()
+    ).all()
     run.simulated = result.simulated
     run.driver = result.driver
     run.summary = _run_summary(result, rows)
-    if len(rows) == expected_prompts and run.state == RunState.running:
+    if len(rows) == expected_prompts and run.state in (RunState.running, RunState.queued):
         run.finished_at = datetime.now(UTC)
         run.lease_expires_at = None
         run.failure_reason = None
-        move(session, "run", run, RunState.succeeded, f"{len(rows)} prompts uploaded")
-        refresh_sweep_state(session, run.sweep_id)
+        reason = f"{len(rows)} prompts uploaded" + (" after its lease expired" if late else "")
+        move(session, "run", run, RunState.succeeded, reason)
+        settle_sweep_after_commit(session, run.sweep_id)
     return run
+
+
+def _upsert_prompt_statement() -> Insert:
+    table = cast(Table, PromptResultRow.__table__)
+    statement = insert(table)
+    kept = {"id", "run_id", "prompt_index"}
+    return statement.on_conflict_do_update(
+        index_elements=[table.c.run_id, table.c.prompt_index],
+        set_={column.name: statement.excluded[column.name] for column in table.c
+              if column.name not in kept},
+    )  # fmt: skip
+
+
+_UPSERT_PROMPT = _upsert_prompt_statement()
 
 
 def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
@@ -227,7 +275,7 @@ def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
     return True
 
 
-def _run_summary(result: RunResult, rows: Sequence[PromptResultRow]) -> dict[str, object]:
+def _run_summary(result: RunResult, rows: Sequence[Any]) -> dict[str, object]:
     decode = summarize([row.decode_tok_s for row in rows])
     summary = RunSummary(
         prompts=len(rows),

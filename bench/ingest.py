@@ -1,0 +1,284 @@
+"""Drive 50 and then 200 concurrent uploading devices against a real server and print figures.
+
+    python bench/ingest.py --json
+
+Starts PostgreSQL-backed server processes (`python -m server --workers N`) on its own database,
+completes a set of builds as a worker would, submits sweeps, registers one agent with a device
+per upload. Per level, every device first claims a run (as a device does when it starts one,
+minutes before it uploads: claim latencies are reported apart), then the clients upload
+concurrently, each its devices' `RunResult`s back to back, all of a run's prompts in one request.
+Bounded in count (uploads per client) and in time. A health probe polls
+`/api/v1/health` meanwhile. Prints one JSON object:
+``{"50": {"results_per_s", "p50_ms", "p99_ms", "errors", "health_p99_ms", ...}, "200": {...}}``
+where errors counts every non-2xx or failed request (claims, uploads and health probes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from decodebench.presets import get_preset  # noqa: E402
+from scripts.stack import Stack  # noqa: E402
+
+DEVICE_CLASS = "iphone-17-pro"
+PROMPTS = 30  # the most a sweep asks for: one upload carries them all
+CONTEXTS = (128, 192, 256, 320, 384, 448, 512, 576)
+SPEC = {
+    "model": "tiny-gqa",
+    "variants": [
+        {"attention": attention, "context": context}
+        for attention in ("folded", "repeat_kv")
+        for context in CONTEXTS
+    ],
+    "devices": [DEVICE_CLASS],
+    "prompts": PROMPTS,
+    "decode_tokens": 8,
+    "repetitions": 10,
+}
+RUNS_PER_SWEEP = len(SPEC["variants"]) * SPEC["repetitions"]
+ANALYSIS = {
+    "functions": ["main"], "decode_function": "main", "ops_total": 1, "non_const_ops": 1,
+    "dispatch_ops": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0, "tiles": [],
+    "slice_update_ops": 0, "state_write_ops": 0, "state_read_ops": 0, "weight_bytes": 1,
+    "weight_file_bytes": 1, "state_bytes": 0, "states": [],
+    "bytes_per_token": {"weights": 0, "kv_read": 0, "kv_write": 0, "redundant": 0, "total": 1},
+}  # fmt: skip
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def udid(index: int) -> str:
+    return f"BENCH-{index:04d}"
+
+
+def complete_builds(client: httpx.Client, builds: list[dict], worker: str) -> None:
+    """Act as a build worker: start, upload a (stand-in) artifact, report a minimal analysis."""
+    headers = bearer(worker)
+    for build in builds:
+        started = client.post(
+            f"/api/v1/builds/{build['id']}/start", json={"worker": "bench"}, headers=headers
+        ).json()
+        if not started["proceed"]:
+            continue
+        payload = build["key"].encode()
+        sha256 = hashlib.sha256(payload).hexdigest()
+        client.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers)
+        report = {
+            "key": build["key"], "model": build["model"], "variant": build["variant"],
+            "config": get_preset(build["model"]).model_dump(mode="json"),
+            "toolchain": build["toolchain"], "stage_seconds": {"convert": 0.1},
+            "peak_rss_bytes": 1, "package": "model.mlpackage", "analysis": ANALYSIS,
+        }  # fmt: skip
+        done = client.post(
+            f"/api/v1/builds/{build['id']}/complete",
+            json={"lease": started["lease"], "artifact_sha256": sha256, "report": report},
+            headers=headers,
+        )
+        done.raise_for_status()
+
+
+def prepare(stack: Stack, runs_needed: int, devices: int) -> None:
+    with httpx.Client(base_url=stack.server_url, timeout=60) as client:
+        user, worker = stack.tokens["user"], stack.tokens["worker"]
+        for index in range(-(-runs_needed // RUNS_PER_SWEEP)):
+            sweep = client.post("/api/v1/sweeps", json=SPEC, headers=bearer(user))
+            sweep.raise_for_status()
+            if index == 0:  # later sweeps share these builds (same keys)
+                complete_builds(client, sweep.json()["builds"], worker)
+        inventory = [
+            {"udid": udid(i), "device_class": DEVICE_CLASS, "product_type": "iPhone18,1",
+             "driver": "simulated", "simulated": True}
+            for i in range(devices)
+        ]  # fmt: skip
+        client.post(
+            "/api/v1/agents/register",
+            json={"name": "bench-host", "devices": inventory},
+            headers=bearer(stack.tokens["agent"]),
+        ).raise_for_status()
+
+
+def run_result(device: str, decode_tokens: int) -> dict:
+    return {
+        "device_udid": device, "device_class": DEVICE_CLASS, "product_type": "iPhone18,1",
+        "driver": "simulated", "simulated": True, "load_time_cold_ms": 900.0,
+        "load_time_warm_ms": 120.0, "peak_memory_bytes": 1 << 28, "timing_model": "bench",
+        "prompts": [
+            {"prompt_index": i, "prompt_tokens": 40 + i, "generated_tokens": decode_tokens,
+             "ttft_ms": 30.0 + i, "prefill_tok_s": 800.0, "decode_tok_s": 40.0 + i / 10,
+             "token_latencies_ms": [25.0 + (i + t) % 3 for t in range(decode_tokens)]}
+            for i in range(PROMPTS)
+        ],
+    }  # fmt: skip
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.upload_ms: list[float] = []
+        self.claim_ms: list[float] = []
+        self.health_ms: list[float] = []
+        self.results = 0
+        self.errors = 0
+        self.statuses: dict[str, int] = {}
+
+    def fail(self, what: str) -> None:
+        self.errors += 1
+        self.statuses[what] = self.statuses.get(what, 0) + 1
+
+
+async def claim_runs(client: httpx.AsyncClient, devices: list[str], tally: Tally) -> list[tuple]:
+    """Every device claims one run, as it would when it starts one (minutes before it uploads)."""
+    claimed = []
+    for device in devices:
+        started = time.perf_counter()
+        claim = await client.post("/api/v1/agents/claim", json={"device_udid": device})
+        tally.claim_ms.append((time.perf_counter() - started) * 1000)
+        if claim.status_code != 200 or claim.json()["run"] is None:
+            tally.fail(f"claim {claim.status_code}")
+            continue
+        run = claim.json()["run"]
+        claimed.append((run["run_id"], run_result(device, run["decode_tokens"])))
+    return claimed
+
+
+async def upload_loop(
+    client: httpx.AsyncClient, runs: list[tuple], deadline: float, tally: Tally
+) -> None:
+    """One uploading client: its devices' finished runs, one request per run, back to back."""
+    for run_id, body in runs:
+        if time.monotonic() > deadline:
+            return
+        started = time.perf_counter()
+        try:
+            upload = await client.post(f"/api/v1/runs/{run_id}/results", json=body)
+        except httpx.HTTPError as error:
+            tally.fail(f"upload {type(error).__name__}")
+            continue
+        tally.upload_ms.append((time.perf_counter() - started) * 1000)
+        if upload.status_code != 200:
+            tally.fail(f"upload {upload.status_code}")
+            continue
+        tally.results += upload.json()["prompts_stored"]
+
+
+async def health_loop(url: str, stop: asyncio.Event, tally: Tally) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        while not stop.is_set():
+            started = time.perf_counter()
+            try:
+                response = await client.get("/api/v1/health")
+                tally.health_ms.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 200:
+                    tally.fail(f"health {response.status_code}")
+            except httpx.HTTPError as error:
+                tally.fail(f"health {type(error).__name__}")
+            await asyncio.sleep(0.05)
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 1)
+
+
+async def level(stack: Stack, clients: int, first: int, uploads: int, seconds: float) -> dict:
+    tally = Tally()
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = bearer(stack.tokens["agent"])
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(
+        base_url=stack.server_url, headers=headers, limits=limits, timeout=60
+    ) as client:
+        devices = [[udid(first + i * uploads + k) for k in range(uploads)] for i in range(clients)]
+        claimed = await asyncio.gather(*(claim_runs(client, mine, tally) for mine in devices))
+        claim_ms, tally.claim_ms = tally.claim_ms, []
+        health = asyncio.create_task(health_loop(stack.server_url, stop, tally))
+        started = time.monotonic()
+        deadline = started + seconds
+        await asyncio.gather(*(upload_loop(client, runs, deadline, tally) for runs in claimed))
+        elapsed = time.monotonic() - started
+        stop.set()
+        await health
+    return {
+        "results_per_s": round(tally.results / elapsed, 1),
+        "p50_ms": percentile(tally.upload_ms, 0.50),
+        "p99_ms": percentile(tally.upload_ms, 0.99),
+        "errors": tally.errors,
+        "health_p99_ms": percentile(tally.health_ms, 0.99),
+        "uploads": len(tally.upload_ms),
+        "results": tally.results,
+        "seconds": round(elapsed, 2),
+        "claim_p50_ms": percentile(claim_ms, 0.50),
+        "claim_p99_ms": percentile(claim_ms, 0.99),
+        "health_probes": len(tally.health_ms),
+        "error_kinds": tally.statuses,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--workers", type=int, default=2, help="server processes")
+    parser.add_argument("--levels", default="50,200", help="concurrent clients per level")
+    parser.add_argument("--uploads", type=int, default=6, help="uploads per client and level")
+    parser.add_argument("--seconds", type=float, default=60.0, help="time bound per level")
+    parser.add_argument(
+        "--database", default="decodebench_bench_ingest", help="created afresh, then dropped"
+    )
+    args = parser.parse_args()
+    levels = [int(value) for value in args.levels.split(",")]
+    admin = os.environ.get(
+        "DECODEBENCH_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{args.database}"')
+    host = admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as var:
+        stack = Stack(
+            database_url=f"{host}/{args.database}",
+            broker_url=os.environ.get("DECODEBENCH_BENCH_BROKER_URL", "memory://"),
+            var_dir=Path(var),
+        )
+        try:
+            stack.prepare()
+            stack.start_server("--workers", str(args.workers), "--no-access-log")
+            devices = sum(levels) * args.uploads
+            prepare(stack, devices, devices)
+            figures, first = {}, 0
+            for clients in levels:
+                figures[str(clients)] = asyncio.run(
+                    level(stack, clients, first, args.uploads, args.seconds)
+                )
+                first += clients * args.uploads
+            figures["setup"] = {
+                "server_workers": args.workers, "prompts_per_upload": PROMPTS,
+                "uploads_per_client": args.uploads, "cpus": os.cpu_count(),
+                "load_average_1m": round(os.getloadavg()[0], 2),
+            }  # fmt: skip
+        finally:
+            stack.stop()
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+    print(json.dumps(figures) if args.json else json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Limits on what one server process takes on: request-body sizes, enforced while the body
+streams in, and requests in progress.
+
+A body that declares a larger Content-Length is refused before a byte of it is read; one that
+streams past the limit is cut off at the limit (the handler reading it gets the 413), so neither
+a huge JSON document is parsed nor a huge artifact written to disk in full."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import FastAPI, HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.config import get_settings
+
+ARTIFACT_PREFIX = "/api/v1/artifacts/"
+
+
+class BodyTooLarge(HTTPException):
+    """An HTTPException, so FastAPI's body reading passes it on as the 413 it is."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        super().__init__(
+            status_code=413,
+            detail=f"{what} exceeds this server's limit of {limit} bytes "
+            f"(DECODEBENCH_MAX_{'ARTIFACT' if what == 'artifact' else 'BODY'}_BYTES)",
+        )
+
+
+def _limit_for(scope: Scope) -> tuple[int, str]:
+    settings = get_settings()
+    if scope["method"] == "PUT" and scope["path"].startswith(ARTIFACT_PREFIX):
+        return settings.max_artifact_bytes, "artifact"
+    return settings.max_body_bytes, "request body"
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit, what = _limit_for(scope)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _refuse(send, BodyTooLarge(limit, what))
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit, what)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+async def _refuse(send: Send, error: BodyTooLarge) -> None:
+    await _send_json(send, 413, {"detail": error.detail}, [(b"connection", b"close")])
+
+
+async def _send_json(
+    send: Send, status: int, content: dict, headers: list[tuple[bytes, bytes]]
+) -> None:
+    body = json.dumps(content).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class Admission:
+    """At most as many requests in progress as the process has database connections.
+
+    A request takes a connection in one thread (its token lookup) and needs another thread later
+    (its handler); with more requests in flight than connections, threads blocked waiting for a
+    connection starve the requests that hold one, and the process freezes until the pool times
+    out. Admitted requests always find a connection; the others wait here, on the event loop,
+    and after the pool timeout are told 503 with Retry-After. Health probes are not counted."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._slots: asyncio.Semaphore | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] in UNCOUNTED
+            or scope["path"].startswith("/static/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        settings = get_settings()
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), settings.db_pool_timeout_s)
+        except TimeoutError:
+            await _busy(send, settings.retry_after_s)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._slots.release()
+
+
+UNCOUNTED = frozenset({"/api/v1/health"})
+
+
+async def _busy(send: Send, retry_after: int) -> None:
+    await _send_json(
+        send,
+        503,
+        {"detail": f"server busy: every database connection is in use; retry in {retry_after} s"},
+        [(b"retry-after", str(retry_after).encode())],
+    )
+
+
+def install_limits(app: FastAPI) -> None:
+    app.add_middleware(BodyLimit)
+    app.add_middleware(Admission)
