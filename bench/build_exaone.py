@@ -212,7 +212,7 @@ def main() -> int:
         (args.out / "bench.json").write_text(json.dumps(details))
         return 0
 
-    from decodebench.analysis import analyze_mlpackage
+    from decodebench.analysis.analyze import analyze_mlpackage
 
     results: dict[str, tuple[float, int, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="build-exaone-") as scratch:

@@ -21,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from decodebench.analysis import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.analysis.diff import GraphDiff, diff_analyses, render_diff
 from decodebench.build import PACKAGE_NAME, build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.diff import GraphDiff, diff_analyses, render_diff
 from decodebench.presets import EXAONE_4_0_1_2B
 from decodebench.profiles import DEVICE_PROFILES
 

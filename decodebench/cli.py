@@ -117,7 +117,7 @@ def _summary(report: BuildReport) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from decodebench.analysis import AnalysisError, analyze_mlpackage, render_analysis
+    from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage, render_analysis
 
     try:
         analysis = analyze_mlpackage(Path(args.path))

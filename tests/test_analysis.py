@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from coremltools.proto import MIL_pb2, Model_pb2
 
-from decodebench.analysis import AnalysisError, analyze_mlpackage
+from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage
 from decodebench.build import (
     PACKAGE_NAME,
     REPORT_NAME,

@@ -16,9 +16,9 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 from coremltools.proto import Model_pb2
 
-from decodebench.analysis import analyze_mlpackage
-from decodebench.copies import LARGE_TRANSPOSE_BYTES
-from decodebench.known_ops import KNOWN_OPS
+from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.analysis.copies import LARGE_TRANSPOSE_BYTES
+from decodebench.analysis.known_ops import KNOWN_OPS
 from decodebench.profiles import IPHONE_17_PRO
 
 logging.getLogger("coremltools").setLevel(logging.ERROR)

@@ -17,7 +17,7 @@ import coremltools as ct
 import coremltools.optimize.coreml as cto
 import pytest
 
-from decodebench.analysis import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.analysis import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.build import BuildError, build_variant, load_report
 from decodebench.buildcache import BuildCache
 from decodebench.contracts.domain import VariantSpec, build_key

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.analysis import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.analysis.diff import _unmatched, diff_analyses
 from decodebench.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.diff import _unmatched, diff_analyses
 from decodebench.presets import TINY_GQA
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
 

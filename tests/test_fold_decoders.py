@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from decodebench.analysis import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.build import PACKAGE_NAME, build_variant
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.convert import convert

@@ -111,7 +111,7 @@ def test_fold_removes_every_replication_and_keeps_every_token(packages) -> None:
 
 
 def test_fold_inside_ct_convert_matches_the_standalone_fold(packages) -> None:  # noqa: ANN001
-    from decodebench.analysis import analyze_mlpackage
+    from decodebench.analysis.analyze import analyze_mlpackage
 
     in_pipeline = analyze_mlpackage(packages["pipeline"])
     assert in_pipeline.tile_ops == 0

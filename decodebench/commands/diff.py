@@ -27,8 +27,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from decodebench.analysis import AnalysisError, analyze_mlpackage
-    from decodebench.diff import diff_analyses, render_diff
+    from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage
+    from decodebench.analysis.diff import diff_analyses, render_diff
 
     try:
         a, b = analyze_mlpackage(args.a), analyze_mlpackage(args.b)

@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
-    from decodebench.analysis import AnalysisError
+    from decodebench.analysis.analyze import AnalysisError
     from decodebench.mil.fold_package import fold_mlpackage, render
     from decodebench.mil.program import MilError, quiet_coremltools
 

@@ -1,6 +1,6 @@
 """What a build's graph costs per decoded token: the analysis as it is stored and served.
 
-The analyser (:mod:`decodebench.analysis`) fills these from a saved ``.mlpackage``; the server,
+The analyser (:mod:`decodebench.analysis.analyze`) fills these from a saved ``.mlpackage``; the server,
 the CLI and the pages only read them, so they live here without coremltools. Predictions use the
 one prediction function, :meth:`decodebench.profiles.DeviceProfile.predicted_tok_s`.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from decodebench.analysis import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.mil.fold import FoldReport, fold_program
 from decodebench.mil.program import MilError, load_package, save_package

@@ -21,7 +21,7 @@ from coremltools.converters.mil.frontend.milproto.load import load as load_milpr
 from coremltools.converters.mil.mil import Program
 from coremltools.proto import Model_pb2
 
-from decodebench.analysis import AnalysisError, load_program
+from decodebench.analysis.analyze import AnalysisError, load_program
 
 
 class MilError(ValueError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from decodebench.analysis.diff import GraphDiff, diff_analyses
 from decodebench.contracts.analysis import GraphAnalysis
-from decodebench.diff import GraphDiff, diff_analyses
 from server.builds.service import get_build
 from server.builds.views import build_label, report_of
 from server.errors import Conflict

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import Field
 
+from decodebench.analysis.diff import GraphDiff
 from decodebench.contracts.api import BuildDetail, BuildStateView, Reenqueued
 from decodebench.contracts.base import Incoming
 from decodebench.contracts.domain import VariantSpec
@@ -16,7 +17,6 @@ from decodebench.contracts.protocol import (
     BuildStart,
     WorkerIdentity,
 )
-from decodebench.diff import GraphDiff
 from server.artifacts.endpoints import get_store
 from server.auth import AdminToken, SessionDep, UserToken, WorkerToken
 from server.builds import service

@@ -12,7 +12,7 @@ Four categories, each from the tensor shapes and dtypes the program declares:
 - **KV written**: the bytes that state writes change (the ``slice_update`` update, not the
   whole state), plus KV-named outputs for a cache the host updates.
 - **redundant**: tensors that are pure copies of another tensor, found by
-  :mod:`decodebench.copies`. Each is written once and read again, so it costs twice its size.
+  :mod:`decodebench.analysis.copies`. Each is written once and read again, so it costs twice its size.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from decodebench.contracts.analysis import KvState
-from decodebench.mlpackage import (
+from decodebench.analysis.mlpackage import (
     FunctionGraph,
     InlineValue,
     Operation,
@@ -30,6 +29,7 @@ from decodebench.mlpackage import (
     value_dtype,
     value_shape,
 )
+from decodebench.contracts.analysis import KvState
 
 # Inline (immediate) tensors at least this big are weights stored in the program itself;
 # smaller ones are shapes, axes and scalars (unless a constexpr op decompresses them).

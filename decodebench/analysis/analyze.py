@@ -1,12 +1,12 @@
 """Static analysis of a saved ``.mlpackage``: op histogram, data moved per token, predicted tok/s.
 
 Reads the program protobuf (``Data/<root model>``); of the weights file only its size and a
-few tiny constants (see :mod:`decodebench.mlpackage`) are read. Sizes come from the MIL types, so nothing is executed, and any
+few tiny constants (see :mod:`decodebench.analysis.mlpackage`) are read. Sizes come from the MIL types, so nothing is executed, and any
 ML program can be analysed, including ones this project did not build: op types coremltools
 does not register are counted and listed in ``unknown_ops``, never fatal.
 
 ``bytes_per_token`` is a first-order model of one decode step (``docs/architecture.md``, and
-:mod:`decodebench.traffic` for what each category counts); ``predicted_tok_s`` applies each
+:mod:`decodebench.analysis.traffic` for what each category counts); ``predicted_tok_s`` applies each
 device profile's bandwidth and per-op dispatch overhead to it.
 """
 
@@ -16,15 +16,9 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from decodebench.contracts.analysis import (
-    BytesPerToken,
-    FunctionOps,
-    GraphAnalysis,
-    TensorRecord,
-)
-from decodebench.copies import redundant_copies
-from decodebench.known_ops import KNOWN_OPS
-from decodebench.mlpackage import (
+from decodebench.analysis.copies import redundant_copies
+from decodebench.analysis.known_ops import KNOWN_OPS
+from decodebench.analysis.mlpackage import (
     AnalysisError,
     FunctionGraph,
     decode_function_name,
@@ -34,11 +28,17 @@ from decodebench.mlpackage import (
     value_dtype,
     value_shape,
 )
-from decodebench.traffic import (
+from decodebench.analysis.traffic import (
     dispatch_ops,
     kv_traffic,
     stored_weights,
     weight_bytes_read,
+)
+from decodebench.contracts.analysis import (
+    BytesPerToken,
+    FunctionOps,
+    GraphAnalysis,
+    TensorRecord,
 )
 
 __all__ = [

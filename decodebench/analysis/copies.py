@@ -21,9 +21,15 @@ from collections import Counter
 
 import numpy as np
 
+from decodebench.analysis.mlpackage import (
+    FunctionGraph,
+    Operation,
+    value_bytes,
+    value_dtype,
+    value_shape,
+)
+from decodebench.analysis.traffic import GATHER_OPS, is_constant_op, through_views
 from decodebench.contracts.analysis import RedundantCopy
-from decodebench.mlpackage import FunctionGraph, Operation, value_bytes, value_dtype, value_shape
-from decodebench.traffic import GATHER_OPS, is_constant_op, through_views
 
 # A transpose smaller than this stays in on-chip memory; a larger one makes a round trip to DRAM.
 LARGE_TRANSPOSE_BYTES = 1 << 20
