@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import RedirectResponse
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
@@ -15,11 +14,15 @@ from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
 from server.auth import SessionDep
 from server.builds.endpoints import router as builds_router
+from server.config import get_settings
 from server.errors import install_error_handlers
 from server.profiles.endpoints import router as profiles_router
 from server.sweeps.endpoints import router as sweeps_router
-from server.ui.pages import LoginRequired
+from server.ui.docs import mount_docs
+from server.ui.error_pages import install_page_error_handlers
 from server.ui.pages import router as ui_router
+from server.ui.security import SecurityMiddleware
+from server.ui.sign_in import router as sign_in_router
 
 
 def create_app() -> FastAPI:
@@ -27,12 +30,12 @@ def create_app() -> FastAPI:
         title="decodebench",
         version=__version__,
         description="Measure and explain Core ML LLM decode speed on iPhones.",
+        docs_url=None,  # served offline by server.ui.docs
+        redoc_url=None,
     )
     install_error_handlers(app)
-
-    @app.exception_handler(LoginRequired)
-    async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:
-        return RedirectResponse("/login", status_code=303)
+    install_page_error_handlers(app)
+    app.add_middleware(SecurityMiddleware, public_url=get_settings().public_url)
 
     @app.get("/api/v1/health", tags=["health"], response_model=Health)
     def health(session: SessionDep) -> Health:
@@ -45,11 +48,13 @@ def create_app() -> FastAPI:
         profiles_router,
         agents_router,
         artifacts_router,
+        sign_in_router,
         ui_router,
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"
     app.mount("/static", StaticFiles(directory=static), name="static")
+    mount_docs(app)
     return app
 
 

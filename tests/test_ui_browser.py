@@ -34,10 +34,10 @@ def page():
 
 def test_submit_a_sweep_through_the_form(stack: Stack, page) -> None:
     page.goto(f"{stack.server_url}/sweeps/new")
-    assert page.url.endswith("/login")  # pages need a signed-in user
+    assert page.url.endswith("/login?next=/sweeps/new")  # pages need a signed-in user
     page.fill("input[name=token]", stack.tokens["user"])
     page.click("button[type=submit]")
-    page.click("text=New sweep")
+    page.wait_for_url("**/sweeps/new")  # back to the deep link
 
     page.select_option("select[name=model]", "tiny-gqa")
     page.select_option("select[name=variant0_attention]", "repeat_kv")

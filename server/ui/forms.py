@@ -10,6 +10,15 @@ from starlette.datastructures import FormData
 from decodebench.contracts.domain import SweepSpec
 
 MAX_FORM_VARIANTS = 4
+NUMBER_FIELDS = {"context", "prefill_chunk", "layers", "prompts", "decode_tokens", "repetitions"}
+
+
+def _form_value(field: str, raw: str) -> Any:
+    """A form sends text; the spec is strict about types, so whole numbers are turned into
+    numbers here (anything else is passed on for the spec to name as invalid)."""
+    if field in NUMBER_FIELDS and raw.lstrip("-").isdigit():
+        return int(raw)
+    return raw
 
 
 def sweep_spec_from_form(form: FormData) -> SweepSpec:
@@ -22,7 +31,7 @@ def sweep_spec_from_form(form: FormData) -> SweepSpec:
         for field in ("name", "kv", "context", "prefill_chunk", "layers", "quant"):
             value = str(form.get(f"variant{index}_{field}", "")).strip()
             if value:
-                variant[field] = value
+                variant[field] = _form_value(field, value)
         variants.append(variant)
     payload: dict[str, Any] = {
         "model": form.get("model", ""),
@@ -32,7 +41,7 @@ def sweep_spec_from_form(form: FormData) -> SweepSpec:
     for field in ("prompts", "decode_tokens", "repetitions"):
         value = str(form.get(field, "")).strip()
         if value:
-            payload[field] = value
+            payload[field] = _form_value(field, value)
     return SweepSpec.model_validate(payload)
 
 
