@@ -23,6 +23,7 @@ from server.ui.error_pages import install_page_error_handlers
 from server.ui.pages import router as ui_router
 from server.ui.security import SecurityMiddleware
 from server.ui.sign_in import router as sign_in_router
+from server.ui.sweep_pages import router as sweep_pages_router
 
 
 def create_app() -> FastAPI:
@@ -50,6 +51,7 @@ def create_app() -> FastAPI:
         artifacts_router,
         sign_in_router,
         ui_router,
+        sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"

@@ -22,7 +22,6 @@ from server.paths import DeviceClass, RowId
 from server.profiles import service as profiles_service
 from server.profiles.views import current_profile_views
 from server.sweeps import service
-from server.sweeps.views import sweep_detail
 from server.ui.forms import MAX_FORM_VARIANTS, sweep_spec_from_form, validation_messages
 from server.ui.frame import CheckedForm, UiUser, render
 
@@ -69,14 +68,6 @@ def submit_sweep(
         )
     sweep = service.submit_sweep(session, spec, user.name, get_settings().toolchain)
     return RedirectResponse(f"/sweeps/{sweep.id}", status_code=303)
-
-
-@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
-def sweep_page(
-    request: Request, sweep_id: RowId, user: UiUser, session: SessionDep
-) -> HTMLResponse:
-    detail = sweep_detail(session, service.get_sweep(session, sweep_id))
-    return render(request, "sweep.html", user=user, sweep=detail)
 
 
 @router.get("/devices", response_class=HTMLResponse)
