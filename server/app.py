@@ -18,6 +18,7 @@ from server.config import get_settings
 from server.errors import install_error_handlers
 from server.profiles.endpoints import router as profiles_router
 from server.sweeps.endpoints import router as sweeps_router
+from server.ui.build_pages import router as build_pages_router
 from server.ui.docs import mount_docs
 from server.ui.error_pages import install_page_error_handlers
 from server.ui.pages import router as ui_router
@@ -52,6 +53,7 @@ def create_app() -> FastAPI:
         sign_in_router,
         ui_router,
         sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
+        build_pages_router,
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"
