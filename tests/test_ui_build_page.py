@@ -35,7 +35,7 @@ def test_build_page_lists_redundant_copies_and_offers_a_diff(api, user_token, wo
     assert "1×4×128×16" in rows and "16,384" in rows and "key_cache_0" in rows
     assert page.text.count('class="bar"') == 2  # the op histogram: tile and matmul
     assert f'<option value="{folded["id"]}">build {folded["id"]} · folded-ctx128-fp16' in page.text
-    assert 'href="/builds/%d/download"' % repeat["id"] in page.text
+    assert f'href="/builds/{repeat["id"]}/download"' in page.text
 
     picked = api.get(
         f"/builds/{repeat['id']}/diff", params={"other": folded["id"]}, follow_redirects=False
