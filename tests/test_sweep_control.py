@@ -88,3 +88,33 @@ def test_the_live_fragment_is_the_changing_part_of_the_page(api, queued_sweep, u
     assert fragment.startswith("<h1>Sweep") and "<html" not in fragment
     page = api.get(f"/sweeps/{queued_sweep['id']}").text
     assert 'src="/static/sweep-live.js"' in page and 'http-equiv="refresh"' not in page
+
+
+DEVICE = {
+    "udid": "SIM-0015", "device_class": "iphone-15-pro", "product_type": "iPhone16,1",
+    "os_version": "26.1", "driver": "simulated", "simulated": True,
+}  # fmt: skip
+
+
+def test_fleet_page_shows_current_runs_queues_failures_and_devices_gone(
+    api, queued_sweep, user_token, agent_token
+) -> None:
+    agent = bearer(agent_token)
+    registration = {"name": "host-1", "devices": [DEVICE]}
+    assert api.post("/api/v1/agents/register", json=registration, headers=agent).is_success
+    claimed = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0015"}, headers=agent)
+    run_id = claimed.json()["run"]["run_id"]
+    ui_sign_in(api, user_token)
+    page = api.get("/devices").text
+    row = page.split('data-udid="SIM-0015"')[1].split("</tr>")[0]
+    assert f"run {run_id}" in row
+    queue = page.split('data-device-class="iphone-15-pro"')[1].split("</tr>")[0]
+    assert "<td>1</td>" in queue  # one run still queued, the device busy with the other
+    assert 'id="none-gone"' in page
+
+    api.post("/api/v1/agents/heartbeat", json={"devices": []}, headers=agent)
+    page = api.get("/devices").text
+    assert 'data-udid="SIM-0015"' in page.split('id="gone"')[1]
+    sweep_page = api.get(f"/sweeps/{queued_sweep['id']}").text
+    assert "no iPhone 15 Pro attached and ready; last seen" in sweep_page
+    assert "(disconnected)" in sweep_page

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from decodebench.contracts.domain import Attention, KVCache, SweepSpec
 from decodebench.presets import PRESETS
 from decodebench.profiles import DEVICE_PROFILES
-from server.agents.service import list_devices
 from server.auth import SessionDep
 from server.builds.diff import diff_builds
 from server.config import get_settings
@@ -22,6 +21,7 @@ from server.paths import DeviceClass, RowId
 from server.profiles import service as profiles_service
 from server.profiles.views import current_profile_views
 from server.sweeps import service
+from server.ui.fleet import fleet_context
 from server.ui.forms import MAX_FORM_VARIANTS, sweep_spec_from_form, validation_messages
 from server.ui.frame import CheckedForm, UiUser, render
 
@@ -72,7 +72,7 @@ def submit_sweep(
 
 @router.get("/devices", response_class=HTMLResponse)
 def devices_page(request: Request, user: UiUser, session: SessionDep) -> HTMLResponse:
-    return render(request, "devices.html", user=user, devices=list_devices(session))
+    return render(request, "devices.html", user=user, **fleet_context(session))
 
 
 @router.get("/profiles", response_class=HTMLResponse)
