@@ -72,6 +72,18 @@ def retry_run(session: Session, sweep_id: int, run_id: int, user_name: str) -> R
     return run
 
 
+def is_ready(device: Device) -> bool:
+    return device.connected and device.status == "ready"
+
+
+def ready_devices_by_class(session: Session) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for device in session.scalars(select(Device)):
+        if is_ready(device):
+            counts[device.device_class] = counts.get(device.device_class, 0) + 1
+    return counts
+
+
 def unschedulable_reasons(session: Session, device_classes: set[str]) -> dict[str, str]:
     """Device class -> why no device can take its runs now; classes with a ready device are
     absent. Devices count as ready when connected with status ``ready``."""
@@ -79,7 +91,7 @@ def unschedulable_reasons(session: Session, device_classes: set[str]) -> dict[st
     reasons = {}
     for device_class in sorted(device_classes):
         own = [device for device in devices if device.device_class == device_class]
-        if any(device.connected and device.status == "ready" for device in own):
+        if any(is_ready(device) for device in own):
             continue
         name = _display_name(device_class)
         if not own:

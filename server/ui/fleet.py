@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 from decodebench.profiles import DEVICE_PROFILES
 from server.agents.service import list_devices
 from server.models import Device, Run, RunState
+from server.sweeps.control import ready_devices_by_class
 
 RECENT_FAILURES = 20
 
@@ -25,10 +26,7 @@ def fleet_context(session: Session) -> dict:
             .group_by(Run.device_class)
         ).all()
     )
-    ready = {}
-    for device in devices:
-        if device.connected and device.status == "ready":
-            ready[device.device_class] = ready.get(device.device_class, 0) + 1
+    ready = ready_devices_by_class(session)
     classes = sorted(set(DEVICE_PROFILES) | set(queued) | {d.device_class for d in devices})
     failures = session.scalars(
         select(Run)

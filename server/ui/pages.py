@@ -8,6 +8,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import Attention, KVCache, SweepSpec
 from decodebench.presets import PRESETS
@@ -21,8 +22,14 @@ from server.paths import DeviceClass, RowId
 from server.profiles import service as profiles_service
 from server.profiles.views import current_profile_views
 from server.sweeps import service
+from server.sweeps.control import ready_devices_by_class
 from server.ui.fleet import fleet_context
-from server.ui.forms import MAX_FORM_VARIANTS, sweep_spec_from_form, validation_messages
+from server.ui.forms import (
+    MAX_FORM_VARIANTS,
+    field_errors,
+    sweep_spec_from_form,
+    unattached_classes,
+)
 from server.ui.frame import CheckedForm, UiUser, render
 
 router = APIRouter(include_in_schema=False)
@@ -33,38 +40,51 @@ def sweeps_page(request: Request, user: UiUser, session: SessionDep) -> HTMLResp
     return render(request, "sweeps.html", sweeps=service.list_sweeps(session), user=user)
 
 
-def _form_context(**extra: Any) -> dict[str, Any]:
+def _form_context(session: Session, **extra: Any) -> dict[str, Any]:
     return {
-        "presets": sorted(PRESETS),
+        "presets": PRESETS,
         "device_profiles": DEVICE_PROFILES,
+        "ready": ready_devices_by_class(session),
         "attentions": [attention.value for attention in Attention],
         "kv_modes": [kv.value for kv in KVCache],
-        "quant_presets": ["fp16", "w8", "w4", "base", "top8", "top12"],
+        "quant_presets": ["fp16", "w8", "w4", "base", "top1", "top2", "top8"],
         "max_variants": MAX_FORM_VARIANTS,
+        "unschedulable_minutes": int(get_settings().unschedulable_wait_seconds // 60),
         **extra,
     }
 
 
 @router.get("/sweeps/new", response_class=HTMLResponse)
-def new_sweep_page(request: Request, user: UiUser) -> HTMLResponse:
-    return render(request, "new_sweep.html", user=user, errors=[], form={}, **_form_context())
+def new_sweep_page(request: Request, user: UiUser, session: SessionDep) -> HTMLResponse:
+    return render(
+        request, "new_sweep.html", user=user, errors={}, form={}, **_form_context(session)
+    )
 
 
 @router.post("/sweeps/new")
 def submit_sweep(
     request: Request, user: UiUser, form: CheckedForm, session: SessionDep
 ) -> Response:
+    """Invalid input answers 422 with the form as typed and each message next to its field;
+    a valid sweep is submitted and the browser redirected to its page (post/redirect/get)."""
+    errors: dict[str, str] = {}
     try:
-        spec: SweepSpec = sweep_spec_from_form(form)
+        spec: SweepSpec | None = sweep_spec_from_form(form)
     except ValidationError as error:
+        spec, errors = None, field_errors(error, form)
+    if form.get("confirm_unattached") != "1":
+        errors = (
+            unattached_classes(form.getlist("devices"), ready_devices_by_class(session)) | errors
+        )
+    if spec is None or errors:
         return render(
             request,
             "new_sweep.html",
             status_code=422,
             user=user,
-            errors=validation_messages(error),
+            errors=errors,
             form=form,
-            **_form_context(),
+            **_form_context(session),
         )
     sweep = service.submit_sweep(session, spec, user.name, get_settings().toolchain)
     return RedirectResponse(f"/sweeps/{sweep.id}", status_code=303)
