@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import RedirectResponse
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from decodebench import __version__
 from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
 from server.builds.endpoints import router as builds_router
+from server.config import get_settings
 from server.errors import install_error_handlers
 from server.health import router as health_router
 from server.limits import install_limits
 from server.profiles.endpoints import router as profiles_router
 from server.sweeps.endpoints import router as sweeps_router
-from server.ui.pages import LoginRequired
+from server.ui.build_pages import router as build_pages_router
+from server.ui.docs import mount_docs
+from server.ui.error_pages import install_page_error_handlers
 from server.ui.pages import router as ui_router
+from server.ui.security import SecurityMiddleware
+from server.ui.sign_in import router as sign_in_router
+from server.ui.sweep_pages import router as sweep_pages_router
 
 
 def create_app() -> FastAPI:
@@ -26,12 +31,12 @@ def create_app() -> FastAPI:
         title="decodebench",
         version=__version__,
         description="Measure and explain Core ML LLM decode speed on iPhones.",
+        docs_url=None,  # served offline by server.ui.docs
+        redoc_url=None,
     )
     install_error_handlers(app)
-
-    @app.exception_handler(LoginRequired)
-    async def _login(request: Request, exc: LoginRequired) -> RedirectResponse:
-        return RedirectResponse("/login", status_code=303)
+    install_page_error_handlers(app)
+    app.add_middleware(SecurityMiddleware, public_url=get_settings().public_url)
 
     install_limits(app)
     for router in (
@@ -41,11 +46,15 @@ def create_app() -> FastAPI:
         profiles_router,
         agents_router,
         artifacts_router,
+        sign_in_router,
         ui_router,
+        sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
+        build_pages_router,
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"
     app.mount("/static", StaticFiles(directory=static), name="static")
+    mount_docs(app)
     return app
 
 

@@ -14,8 +14,6 @@ from server.db import session_scope
 from server.errors import Forbidden, NotAuthenticated
 from server.models import DEFAULT_SCOPES, ApiToken, Scope, TokenKind
 
-UI_COOKIE = "decodebench_token"
-
 # "function" scope: the commit happens before the response leaves, so a 201 is durable.
 SessionDep = Annotated[Session, Depends(session_scope, scope="function")]
 

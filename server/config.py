@@ -45,6 +45,14 @@ class Settings(BaseSettings):
     # Refused with 413 while the body streams in, before it is parsed.
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_artifact_bytes: int = Field(default=4 * 1024**3, ge=1024)
+    # The web UI: a signed-in browser's session lasts this long; this many refused sign-ins
+    # from one client address within the window answer 429 until the oldest one ages out.
+    ui_session_hours: float = 12.0
+    sign_in_failures_allowed: int = 10
+    sign_in_window_seconds: float = 300.0
+    # A queued run whose device class has no device attached (or none seen) fails after this
+    # long with the reason instead of waiting forever.
+    unschedulable_wait_seconds: float = 1800.0
 
     @model_validator(mode="after")
     def _production_needs_real_services(self) -> Settings:

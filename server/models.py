@@ -241,3 +241,32 @@ class ProfileCalibration(Base):
     points: Mapped[list[Any]]
     requested_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = _now_column()
+
+
+class UiSession(Base):
+    """A signed-in browser: the cookie holds a random id whose hash is stored here, never the
+    API token, so signing out (or revoking the token) ends it on the server."""
+
+    __tablename__ = "ui_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True
+    )
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = _now_column()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    token: Mapped[ApiToken] = relationship(lazy="joined")
+
+
+class SignInFailure(Base):
+    """One refused sign-in, counted per client address to rate-limit guessing."""
+
+    __tablename__ = "sign_in_failures"
+    __table_args__ = (Index("ix_sign_in_failures_client_at", "client", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    client: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = _now_column()

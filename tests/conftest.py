@@ -22,7 +22,7 @@ os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
 
 TABLES = (
     "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions, "
-    "profile_calibrations"
+    "profile_calibrations, ui_sessions, sign_in_failures"
 )
 
 
@@ -200,3 +200,22 @@ def smollm2_folder():
     from decodebench.realmodels import fetch_model
 
     return fetch_model("smollm2-135m")
+
+
+def page_csrf(html: str) -> str:
+    """The CSRF token a page's form carries."""
+    import re
+
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "the form carries a CSRF token"
+    return match.group(1)
+
+
+def ui_sign_in(api, token: str, next_path: str = "/"):
+    """Sign in to the pages as a browser would: fetch the form, post it with its CSRF token."""
+    form = api.get("/login", params={"next": next_path})
+    return api.post(
+        "/login",
+        data={"token": token, "csrf_token": page_csrf(form.text), "next": next_path},
+        follow_redirects=False,
+    )

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.conftest import bearer, complete_build, make_token
+from tests.conftest import bearer, complete_build, make_token, page_csrf, ui_sign_in
 
 TRUE_BANDWIDTH_MB_S = 61_000.0
 TRUE_OVERHEAD_US = 4.0
@@ -172,7 +172,7 @@ def test_calibrating_without_runs_is_a_conflict(api, user_token) -> None:
 
 
 def sign_in(api, user_token: str) -> None:
-    assert api.post("/login", data={"token": user_token}, follow_redirects=False).status_code == 303
+    assert ui_sign_in(api, user_token).status_code == 303
 
 
 def test_profiles_page_shows_what_is_calibrated_and_from_how_many_runs(
@@ -183,7 +183,10 @@ def test_profiles_page_shows_what_is_calibrated_and_from_how_many_runs(
     assert page.count("not calibrated") == 4  # three iPhone classes and the host CPU
     assert 'href="/profiles"' in page  # in the navigation
 
-    response = api.post("/profiles/iphone-17-pro/calibrate", data={}, follow_redirects=False)
+    csrf = page_csrf(page)
+    response = api.post(
+        "/profiles/iphone-17-pro/calibrate", data={"csrf_token": csrf}, follow_redirects=False
+    )
     assert (response.status_code, response.headers["location"]) == (303, "/profiles")
     page = api.get("/profiles").text
     row = re.search(r'data-device-class="iphone-17-pro".*?</tr>', page, re.S).group(0)
@@ -191,11 +194,13 @@ def test_profiles_page_shows_what_is_calibrated_and_from_how_many_runs(
     assert "61,000.00 MB/s" in row and "55,900.00 MB/s" in row  # fitted value and prior
     assert page.count("not calibrated") == 3
 
-    api.post("/profiles/iphone-17-pro/calibrate", data={"include_simulated": "1"})
+    api.post(
+        "/profiles/iphone-17-pro/calibrate", data={"include_simulated": "1", "csrf_token": csrf}
+    )
     assert "6 runs of 3 builds" not in api.get("/profiles").text  # the measured fit stays current
 
-    failed = api.post("/profiles/iphone-16-pro/calibrate", data={})
-    assert failed.status_code == 409
+    failed = api.post("/profiles/iphone-16-pro/calibrate", data={"csrf_token": csrf})
+    assert failed.url.path == "/profiles"  # post/redirect/get, with the reason shown
     assert "iphone-16-pro: no measured (non-simulated) runs" in failed.text
 
     sweep_page = api.get(f"/sweeps/{measured['id']}").text

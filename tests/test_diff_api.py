@@ -8,7 +8,13 @@ from decodebench.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA
-from tests.conftest import bearer, build_report, complete_build, start_and_complete
+from tests.conftest import (
+    bearer,
+    build_report,
+    complete_build,
+    start_and_complete,
+    ui_sign_in,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +118,7 @@ def test_diff_needs_two_analysed_builds(api, user_token, worker_token) -> None:
 
 
 def test_diff_page_is_linked_from_the_sweep(api, sweep, user_token) -> None:
-    assert api.post("/login", data={"token": user_token}, follow_redirects=False).status_code == 303
+    assert ui_sign_in(api, user_token).status_code == 303
     a, b = (build["id"] for build in sweep["builds"])
     sweep_page = api.get(f"/sweeps/{sweep['id']}").text
     assert f'href="/builds/{a}/diff/{b}"' in sweep_page

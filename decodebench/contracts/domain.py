@@ -195,6 +195,26 @@ class SweepSpec(Incoming):
         return self
 
     @model_validator(mode="after")
+    def _variants_fit_the_preset(self) -> SweepSpec:
+        """What the preset already decides, refused before anything is built: more layers than
+        the model has, or more layers promoted by ``topK`` than it will have."""
+        preset = PRESETS[self.model]
+        for index, variant in enumerate(self.variants):
+            if variant.layers is not None and variant.layers > preset.num_layers:
+                raise ValueError(
+                    f"variants.{index}.layers ({variant.layers}) is more than the "
+                    f"{preset.num_layers} decoder layers {self.model} has"
+                )
+            layers = variant.layers or preset.num_layers
+            promoted = parse_recipe(variant.quant).promote_top
+            if promoted > layers:
+                raise ValueError(
+                    f"variants.{index}.quant promotes the top {promoted} layers but the model "
+                    f"has {layers}; use top{layers} or fewer"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _distinct_variant_labels(self) -> SweepSpec:
         labels = [variant.label for variant in self.variants]
         duplicates = sorted({label for label in labels if labels.count(label) > 1})

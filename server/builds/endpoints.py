@@ -25,6 +25,7 @@ from server.builds.views import build_detail
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS, InvalidInput
 from server.paths import RowId
+from server.sweeps.control import fail_unschedulable_runs
 from server.tasks import enqueue_build
 
 router = APIRouter(prefix="/api/v1/builds", tags=["builds"], responses=AUTHENTICATED_ERRORS)
@@ -109,6 +110,7 @@ def reconcile(token: WorkerToken, session: SessionDep) -> Reenqueued:
     build_ids = sorted(set(expired) | set(stale))
     for build_id in build_ids:
         enqueue_build(session, build_id)
+    fail_unschedulable_runs(session, settings.unschedulable_wait_seconds)
     return Reenqueued(reenqueued=build_ids)
 
 

@@ -4,16 +4,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from decodebench.contracts.api import SweepDetail, SweepOverview, VerdictsView
+from decodebench.contracts.api import RunView, SweepDetail, SweepOverview, VerdictsView
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.verdicts import MAX_MIN_EFFECT
 from server.auth import SessionDep, SubmitToken, UserToken
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS
 from server.paths import MAX_ROW_ID, RowId
-from server.sweeps import service
+from server.sweeps import control, service
 from server.sweeps.verdicts import sweep_verdicts, verdicts_against_sweep
-from server.sweeps.views import sweep_detail, sweep_overview
+from server.sweeps.views import run_view, sweep_detail, sweep_overview
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=AUTHENTICATED_ERRORS)
 
@@ -61,3 +61,18 @@ def get_verdicts(
 @router.get("/{sweep_id}", response_model=SweepDetail)
 def get_sweep(sweep_id: RowId, token: UserToken, session: SessionDep) -> SweepDetail:
     return sweep_detail(session, service.get_sweep(session, sweep_id))
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepDetail)
+def cancel_sweep(sweep_id: RowId, token: SubmitToken, session: SessionDep) -> SweepDetail:
+    """Runs not yet started fail as "cancelled by <user>"; running runs finish. 409 when the
+    sweep has already ended."""
+    control.cancel_sweep(session, sweep_id, token.name)
+    return sweep_detail(session, service.get_sweep(session, sweep_id))
+
+
+@router.post("/{sweep_id}/runs/{run_id}/retry", response_model=RunView)
+def retry_run(sweep_id: RowId, run_id: RowId, token: SubmitToken, session: SessionDep) -> RunView:
+    """Queue a failed run again (attempts start over); 409 when the run has not failed or its
+    build did."""
+    return run_view(control.retry_run(session, sweep_id, run_id, token.name))

@@ -85,7 +85,15 @@ def get_sweep(session: Session, sweep_id: int) -> Sweep:
 
 
 def list_sweeps(session: Session, limit: int = 100) -> list[Sweep]:
-    return list(session.scalars(select(Sweep).order_by(Sweep.id.desc()).limit(limit)))
+    # The list shows each sweep's variant labels: load them in one query, not one per sweep.
+    return list(
+        session.scalars(
+            select(Sweep)
+            .order_by(Sweep.id.desc())
+            .limit(limit)
+            .options(selectinload(Sweep.variants))
+        )
+    )
 
 
 def runs_of(session: Session, sweep_id: int) -> list[Run]:
