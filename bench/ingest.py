@@ -145,7 +145,11 @@ async def claim_runs(client: httpx.AsyncClient, devices: list[str], tally: Tally
     claimed = []
     for device in devices:
         started = time.perf_counter()
-        claim = await client.post("/api/v1/agents/claim", json={"device_udid": device})
+        try:
+            claim = await client.post("/api/v1/agents/claim", json={"device_udid": device})
+        except httpx.HTTPError as error:
+            tally.fail(f"claim {type(error).__name__}")
+            continue
         tally.claim_ms.append((time.perf_counter() - started) * 1000)
         if claim.status_code != 200 or claim.json()["run"] is None:
             tally.fail(f"claim {claim.status_code}")

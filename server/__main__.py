@@ -32,6 +32,9 @@ def main() -> None:
         workers=workers,
         log_level="info",
         access_log=not args.no_access_log,
+        # Agents keep their connection between a run's renewals; closing it after uvicorn's
+        # default 5 s races their next request (a reset connection, a failed request).
+        timeout_keep_alive=30,
         # Health probes and benchmarks open many short connections; keep-alive is what agents use.
         backlog=2048,
     )
