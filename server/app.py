@@ -17,6 +17,8 @@ from server.auth import SessionDep
 from server.builds.endpoints import router as builds_router
 from server.errors import install_error_handlers
 from server.profiles.endpoints import router as profiles_router
+from server.schedules.endpoints import alerts_router
+from server.schedules.endpoints import router as schedules_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.pages import LoginRequired
 from server.ui.pages import router as ui_router
@@ -45,6 +47,8 @@ def create_app() -> FastAPI:
         profiles_router,
         agents_router,
         artifacts_router,
+        schedules_router,
+        alerts_router,
         ui_router,
     ):
         app.include_router(router)
