@@ -201,9 +201,10 @@ def test_two_racing_ticks_fire_a_due_night_once_and_a_missed_week_once(stack: St
     assert len(_get(stack, "/api/v1/sweeps")) == 2
     # Paused: nothing fires; run-now still does.
     user = bearer(stack.tokens["user"])
-    assert httpx.post(f"{stack.server_url}/api/v1/schedules/1/pause", headers=user).json()[
-        "enabled"
-    ] is False
+    assert (
+        httpx.post(f"{stack.server_url}/api/v1/schedules/1/pause", headers=user).json()["enabled"]
+        is False
+    )
     assert _tick(stack, due + timedelta(days=8))["fired"] == []
     now = httpx.post(f"{stack.server_url}/api/v1/schedules/1/run-now", json={}, headers=user)
     assert now.status_code == 201 and now.json()["trigger"] == "run-now"
@@ -224,3 +225,33 @@ def test_bad_schedules_are_refused_with_the_field_named(
     assert api.get("/api/v1/schedules", headers=bearer(user_token)).json() == []
     tick = api.post("/api/v1/schedules/tick", json={}, headers=bearer(worker_token))
     assert tick.json()["fired"] == []
+
+
+def test_the_cli_manages_schedules_and_beats_task_ticks(
+    stack: Stack, tmp_path, capsys, monkeypatch
+) -> None:
+    from decodebench.cli import main
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(NIGHTLY_SPEC))
+    cli = ["schedule", "--server", stack.server_url, "--token", stack.tokens["user"]]
+    create = [*cli, "create", "--spec", str(spec), "--cron", "30 1 * * *"]
+    assert main([*create, "cli-nightly", "--timezone", "Europe/Paris"]) == 0
+    assert main([*create, "bad-zone", "--timezone", "Nowhere/Land"]) == 2
+    assert "timezone" in capsys.readouterr().err
+    assert main([*cli, "pause", "1"]) == 0
+    assert main([*cli, "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "cli-nightly" in listed and "Europe/Paris" in listed and "paused" in listed
+    assert "bad-zone" not in listed
+    assert main([*cli, "run-now", "1"]) == 0
+    assert "fired schedule 1: sweep 1" in capsys.readouterr().out
+
+    # The task beat runs (in this process): it ticks and delivers over HTTP as a worker.
+    monkeypatch.setenv("DECODEBENCH_WORKER_TOKEN", stack.tokens["worker"])
+    import worker.app
+    from worker.config import WorkerSettings
+
+    monkeypatch.setattr(worker.app, "settings", WorkerSettings(server_url=stack.server_url))
+    result = worker.app.schedule_tick_task.apply().get()
+    assert result == {"fired": [], "completed": [], "alerts": [], "webhooks_delivered": 0}
