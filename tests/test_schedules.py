@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -47,15 +47,17 @@ def _no_schedules(db: None) -> None:
 class Receiver(ThreadingHTTPServer):
     """A webhook endpoint on loopback that keeps what it received."""
 
-    def __init__(self) -> None:
+    def __init__(self, failures: int = 0) -> None:
         self.received: list[tuple[dict[str, str], bytes]] = []
+        self.failures = failures
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.received.append((dict(self.headers), body))
-                self.send_response(204)
+                failing = len(receiver.received) <= receiver.failures
+                self.send_response(503 if failing else 204)
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
@@ -255,3 +257,40 @@ def test_the_cli_manages_schedules_and_beats_task_ticks(
     monkeypatch.setattr(worker.app, "settings", WorkerSettings(server_url=stack.server_url))
     result = worker.app.schedule_tick_task.apply().get()
     assert result == {"fired": [], "completed": [], "alerts": [], "webhooks_delivered": 0}
+
+
+def test_a_failed_delivery_is_logged_and_retried_after_a_back_off(
+    api, user_token: str, worker_token: str
+) -> None:
+    from sqlalchemy import select, update
+
+    from decodebench.contracts.schedules import WebhookEvent
+    from server.db import get_sessionmaker
+    from server.models import Schedule, WebhookAttempt, WebhookDelivery
+    from server.schedules.webhooks import notify
+
+    receiver = Receiver(failures=1)
+    body = {"name": "hooked", "spec": NIGHTLY_SPEC, "cron": "0 2 * * *",
+            "webhook_url": receiver.url, "webhook_secret": SECRET}  # fmt: skip
+    assert api.post("/api/v1/schedules", json=body, headers=bearer(user_token)).status_code == 201
+    with get_sessionmaker().begin() as session:
+        schedule = session.scalars(select(Schedule)).one()
+        notify(session, schedule, WebhookEvent.nightly_failed, {"event": "nightly.failed"})
+
+    def deliver() -> dict:
+        return api.post("/api/v1/schedules/webhooks/deliver", headers=bearer(worker_token)).json()
+
+    assert deliver() == {"attempted": 1, "delivered": 0}
+    assert deliver() == {"attempted": 0, "delivered": 0}  # backing off
+    with get_sessionmaker().begin() as session:  # let the back-off pass
+        session.execute(
+            update(WebhookDelivery).values(next_attempt_at=datetime(2000, 1, 1, tzinfo=UTC))
+        )
+    assert deliver() == {"attempted": 1, "delivered": 1}
+    with get_sessionmaker()() as session:
+        attempts = session.scalars(select(WebhookAttempt).order_by(WebhookAttempt.id)).all()
+        assert [(a.attempt, a.status_code) for a in attempts] == [(1, 503), (2, 204)]
+        assert session.scalars(select(WebhookDelivery)).one().state == "delivered"
+    ids = {headers["X-Decodebench-Delivery"] for headers, _ in receiver.received}
+    assert len(receiver.received) == 2 and len(ids) == 1  # the same delivery, retried
+    receiver.shutdown()
