@@ -294,3 +294,40 @@ def test_a_failed_delivery_is_logged_and_retried_after_a_back_off(
     ids = {headers["X-Decodebench-Delivery"] for headers, _ in receiver.received}
     assert len(receiver.received) == 2 and len(ids) == 1  # the same delivery, retried
     receiver.shutdown()
+
+
+def test_a_second_firing_of_a_due_time_waits_for_the_first_and_inserts_nothing(
+    api, user_token: str
+) -> None:
+    """The unique (schedule, due time) row, exercised with the first transaction still open:
+    the second one blocks on it, then finds the due time taken and starts no sweep."""
+    from sqlalchemy import func, select
+
+    from server.db import get_sessionmaker
+    from server.models import Schedule, Sweep
+    from server.schedules.service import fire
+
+    body = {"name": "raced", "spec": NIGHTLY_SPEC, "cron": "0 2 * * *"}
+    assert api.post("/api/v1/schedules", json=body, headers=bearer(user_token)).status_code == 201
+    due = FIRST_NIGHT.replace(minute=0)
+    first, second = get_sessionmaker()(), get_sessionmaker()()
+    outcome: list[object] = []
+    try:
+        assert fire(first, first.scalars(select(Schedule)).one(), due, "cron") is not None
+        racer = threading.Thread(
+            target=lambda: outcome.append(
+                fire(second, second.scalars(select(Schedule)).one(), due, "cron")
+            )
+        )
+        racer.start()
+        racer.join(timeout=1)
+        assert racer.is_alive()  # blocked on the first transaction's row
+        first.commit()
+        racer.join(timeout=10)
+        assert outcome == [None]
+        second.commit()
+    finally:
+        first.close()
+        second.close()
+    with get_sessionmaker()() as session:
+        assert session.scalar(select(func.count()).select_from(Sweep)) == 1
