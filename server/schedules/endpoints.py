@@ -9,7 +9,6 @@ from decodebench.contracts.schedules import (
     AlertView,
     DeliveryResult,
     FiringView,
-    ScheduleCreate,
     ScheduleView,
     SeriesView,
     TickRequest,
@@ -19,6 +18,7 @@ from server.auth import SessionDep, SubmitToken, UserToken, WorkerToken
 from server.errors import AUTHENTICATED_ERRORS
 from server.paths import RowId
 from server.schedules import detection, service, views, webhooks
+from server.schedules.requests import ScheduleRequest
 
 router = APIRouter(prefix="/api/v1/schedules", tags=["schedules"], responses=AUTHENTICATED_ERRORS)
 alerts_router = APIRouter(
@@ -28,7 +28,7 @@ alerts_router = APIRouter(
 
 @router.post("", status_code=201, response_model=ScheduleView)
 def create_schedule(
-    request: ScheduleCreate, token: SubmitToken, session: SessionDep
+    request: ScheduleRequest, token: SubmitToken, session: SessionDep
 ) -> ScheduleView:
     return views.schedule_view(service.create_schedule(session, request, token.name))
 
