@@ -7,6 +7,7 @@ from pathlib import Path
 
 BUILD_TASK = "decodebench.build_variant"
 RECONCILE_TASK = "decodebench.reconcile"
+SCHEDULE_TICK_TASK = "decodebench.schedule_tick"
 BUILD_QUEUE = "builds"
 
 

@@ -333,9 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("path")
     analyze.add_argument("--json", action="store_true", help="print one JSON object")
     analyze.set_defaults(handler=cmd_analyze)
-    from decodebench.commands import diff, fold, model, verify
+    from decodebench.commands import diff, fold, model, schedule, verify
 
-    for command in (diff, fold, model, verify):
+    for command in (diff, fold, model, schedule, verify):
         command.register(commands)
 
     for name, handler, help_text in (

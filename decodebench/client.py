@@ -32,10 +32,17 @@ from decodebench.contracts.protocol import (
     LeaseRenewal,
     RunResult,
 )
+from decodebench.contracts.schedules import (
+    DeliveryResult,
+    FiringView,
+    ScheduleView,
+    TickResult,
+)
 
 API = "/api/v1"
 _LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])
 _LIST_OF_DEVICES = TypeAdapter(list[DeviceView])
+_LIST_OF_SCHEDULES = TypeAdapter(list[ScheduleView])
 
 
 class ApiError(Exception):
@@ -188,6 +195,31 @@ class DecodebenchClient:
 
     def reconcile_builds(self) -> list[int]:
         return Reenqueued.model_validate(self._request("POST", "/builds/reconcile")).reenqueued
+
+    # Nightly schedules
+
+    def create_schedule(self, request: dict[str, Any]) -> ScheduleView:
+        return ScheduleView.model_validate(self._request("POST", "/schedules", json=request))
+
+    def list_schedules(self) -> list[ScheduleView]:
+        return _LIST_OF_SCHEDULES.validate_python(self._request("GET", "/schedules"))
+
+    def set_schedule_paused(self, schedule_id: int, paused: bool) -> ScheduleView:
+        action = "pause" if paused else "resume"
+        return ScheduleView.model_validate(
+            self._request("POST", f"/schedules/{schedule_id}/{action}")
+        )
+
+    def run_schedule_now(self, schedule_id: int) -> FiringView:
+        return FiringView.model_validate(
+            self._request("POST", f"/schedules/{schedule_id}/run-now", json={})
+        )
+
+    def tick_schedules(self) -> TickResult:
+        return TickResult.model_validate(self._request("POST", "/schedules/tick", json={}))
+
+    def deliver_webhooks(self) -> DeliveryResult:
+        return DeliveryResult.model_validate(self._request("POST", "/schedules/webhooks/deliver"))
 
 
 def file_sha256(path: Path) -> str:

@@ -16,6 +16,8 @@ from server.errors import install_error_handlers
 from server.health import router as health_router
 from server.limits import install_limits
 from server.profiles.endpoints import router as profiles_router
+from server.schedules.endpoints import alerts_router
+from server.schedules.endpoints import router as schedules_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.build_pages import router as build_pages_router
 from server.ui.docs import mount_docs
@@ -47,6 +49,8 @@ def create_app() -> FastAPI:
         agents_router,
         artifacts_router,
         sign_in_router,
+        schedules_router,
+        alerts_router,
         ui_router,
         sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
         build_pages_router,

@@ -7,8 +7,15 @@ import logging
 import httpx
 from celery import Celery
 
-from decodebench.broker import BUILD_QUEUE, BUILD_TASK, RECONCILE_TASK, transport_options
+from decodebench.broker import (
+    BUILD_QUEUE,
+    BUILD_TASK,
+    RECONCILE_TASK,
+    SCHEDULE_TICK_TASK,
+    transport_options,
+)
 from decodebench.client import DecodebenchClient
+from decodebench.contracts.schedules import TickResult
 from worker.config import get_worker_settings
 
 log = logging.getLogger(__name__)
@@ -27,6 +34,10 @@ app.conf.update(
         "reconcile-pending-builds": {
             "task": RECONCILE_TASK,
             "schedule": settings.reconcile_interval_s,
+        },
+        "tick-nightly-schedules": {
+            "task": SCHEDULE_TICK_TASK,
+            "schedule": settings.schedule_tick_interval_s,
         },
     },
 )
@@ -53,3 +64,15 @@ def reconcile_task() -> list[int]:
     if reenqueued:
         log.info("re-enqueued builds %s", reenqueued)
     return reenqueued
+
+
+@app.task(name=SCHEDULE_TICK_TASK, soft_time_limit=120)
+def schedule_tick_task() -> dict[str, object]:
+    """The server decides what is due (each due time once) and judges finished nights; then
+    it sends due webhooks, after the tick's transaction has committed."""
+    with DecodebenchClient(settings.server_url, settings.token) as client:
+        result: TickResult = client.tick_schedules()
+        sent = client.deliver_webhooks()
+    if result.fired or result.alerts:
+        log.info("schedules: fired %s, alerts %s", result.fired, result.alerts)
+    return {**result.model_dump(), "webhooks_delivered": sent.delivered}

@@ -24,6 +24,9 @@ class WorkerSettings(BaseSettings):
     reconcile_interval_s: float = Field(
         default=60.0, gt=0, description="How often beat asks the server to recover lost builds"
     )
+    schedule_tick_interval_s: float = Field(
+        default=30.0, gt=0, description="How often beat asks the server to fire due schedules"
+    )
     worker_name: str = Field(default_factory=socket.gethostname)
 
     @field_validator("worker_token")
