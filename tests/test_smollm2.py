@@ -53,8 +53,8 @@ def smollm2_builds(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactor
     reports = {}
     with quiet_coremltools():
         for attention, kv in (
-            (Attention.repeat_kv, KVCache.input),
-            (Attention.folded, KVCache.state),
+            (Attention.repeat_kv, KVCache.state),
+            (Attention.folded, KVCache.input),
         ):
             variant = VariantSpec(attention=attention, kv=kv, context=CONTEXT)
             out = root / f"{attention.value}-{kv.value}"
