@@ -85,7 +85,7 @@ def test_fp16_package_decodes_the_fp32_reference_tokens(
     attention: Attention,
     kv: KVCache,  # noqa: ANN001
 ) -> None:
-    prompts = chat_ids[:2]  # the shortest two kinds: a question and a code request
+    prompts = chat_ids[:1]  # one prompt keeps the suite short; bench/smollm2_agreement.py runs more
     references = reference_outputs(smollm2_folder, prompts, STEPS)
     _, package = smollm2_builds[(attention, kv)]
     report = measure_agreement(package, prompts, references, STEPS)
