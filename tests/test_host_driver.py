@@ -23,11 +23,11 @@ DECODE_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """tiny-gqa built in fp16 and w4, zipped as the worker ships them."""
+    """tiny-gqa built in fp16, w4 and base (int4 + a LUT lm_head), zipped as the worker ships them."""
     from decodebench.build import build_variant
 
     built = {}
-    for quant in ("fp16", "w4"):
+    for quant in ("fp16", "w4", "base"):
         out = tmp_path_factory.mktemp(quant)
         build_variant(
             "tiny-gqa", VariantSpec(attention="folded", context=CONTEXT, quant=quant), out
@@ -117,6 +117,17 @@ def test_w4_reads_fewer_bytes_and_decodes_the_interpreters_tokens(
     assert fp16.prompts[0].token_ids == interpreter_tokens(artifacts["fp16"], tmp_path, prompt)
     expected, _ = greedy_decode(build_model(TINY_GQA, CONTEXT, "folded"), prompt, DECODE_TOKENS)
     assert fp16.prompts[0].token_ids == expected  # the fp32 PyTorch reference agrees
+
+
+@pytest.mark.slow
+def test_a_palettized_lm_head_is_decompressed_per_block_to_the_interpreters_tokens(
+    tmp_path: Path, artifacts: dict[str, Path]
+) -> None:
+    base, roofline, job = measure(tmp_path, artifacts["base"])
+
+    assert roofline.kernels == {"int4": 14, "blockwise": 1}
+    prompt = job.prompts[0].token_ids
+    assert base.prompts[0].token_ids == interpreter_tokens(artifacts["base"], tmp_path, prompt)
 
 
 @pytest.mark.slow
