@@ -2,14 +2,15 @@
 
 One model (default: qwen2.5-0.5b cut to 2 layers, seeded weights, context 256) is built in
 fp16, w8, w4 and base, each with repeat_kv and folded attention; every package is decoded on the
-host at its stored precision (decodebench.host_decode: the package's program, its linears on
+host at its stored precision, in interleaved rounds (--rounds, median of each variant's
+medians; decodebench.host_decode: the package's program, its linears on
 PyTorch's fp16/int8/int4 CPU kernels or decompressed per block). The host profile is measured
 in the same run (STREAM copy/triad, each kernel kind's byte rate on a synthetic matrix); the
 step-time models of decodebench.host_profile are fitted on half the variants and predict the
 other half. An error is |predicted / measured - 1| over the held-out variants.
 
     python bench/host_roofline.py --json
-    python bench/host_roofline.py --model tiny-gqa --context 128 --json   # seconds, not minutes
+    python bench/host_roofline.py --model tiny-gqa --context 128 --json   # about a minute
 """
 
 from __future__ import annotations
@@ -85,12 +86,13 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--prompt-tokens", type=int, default=4)
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps per variant")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved passes, median")
     parser.add_argument("--work", type=Path, default=Path("/tmp/host-roofline"))
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     args = parser.parse_args()
 
     started = time.perf_counter()
-    rows = []
+    packages = []
     for quant in QUANTS:
         for attention in ATTENTIONS:
             variant = VariantSpec(
@@ -98,12 +100,19 @@ def main() -> int:
             )
             out = args.work / f"{attention}-{quant}"
             build_variant(args.model, variant, out)
-            features, seconds = measure_variant(
-                out / "model.mlpackage", args.prompt_tokens, args.steps
-            )
-            rows.append((features, seconds))
+            packages.append(out / "model.mlpackage")
+    # Rounds interleave the variants, so a burst of load from elsewhere hits them all alike.
+    timings: list[list[float]] = [[] for _ in packages]
+    features: list[StepFeatures] = []
+    for round_index in range(args.rounds):
+        for index, package in enumerate(packages):
+            step, seconds = measure_variant(package, args.prompt_tokens, args.steps)
+            timings[index].append(seconds)
+            if round_index == 0:
+                features.append(step)
             if not args.json:
-                print(f"{features.name:18s} {1 / seconds:8.2f} tok/s  {features.bytes_by_kind}")
+                print(f"round {round_index} {step.name:18s} {1 / seconds:8.2f} tok/s")
+    rows = [(step, statistics.median(times)) for step, times in zip(features, timings, strict=True)]
     profile = HostProfile(bandwidth=stream_bandwidth(), kernel_bytes_per_s=kernel_rates())
 
     # Alternate the calibration set so each quantization and each layout is in both halves.
