@@ -1,8 +1,7 @@
-"""The host driver measures the PyTorch reference decoder on this CPU, for real."""
+"""The host driver decodes the built package at its stored precision on this CPU, for real."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import zipfile
@@ -11,24 +10,35 @@ from pathlib import Path
 import pytest
 
 from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_device
-from agent.drivers.host import HostDriver
+from agent.drivers.host import HostDriver, HostRoofline
 from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunAssignment, RunResult
+from decodebench.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 128
+DECODE_TOKENS = 5
 
 
-def artifact(tmp_path: Path, attention: str) -> Path:
-    """A zip shaped like the worker's: build.json plus a (stand-in) package."""
-    path = tmp_path / f"{attention}.zip"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(
-            "build.json", json.dumps({"variant": {"attention": attention, "context": CONTEXT}})
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tiny-gqa built in fp16, w4 and base (int4 + a LUT lm_head), zipped as the worker ships them."""
+    from decodebench.build import build_variant
+
+    built = {}
+    for quant in ("fp16", "w4", "base"):
+        out = tmp_path_factory.mktemp(quant)
+        build_variant(
+            "tiny-gqa", VariantSpec(attention="folded", context=CONTEXT, quant=quant), out
         )
-        archive.writestr("model.mlpackage/Manifest.json", "{}")
-    return path
+        path = out.parent / f"{quant}-artifact.zip"
+        with zipfile.ZipFile(path, "w") as archive:
+            for file in sorted(out.rglob("*")):
+                if file.is_file():
+                    archive.write(file, file.relative_to(out).as_posix())
+        built[quant] = path
+    return built
 
 
 def assignment(attention: str, artifact_path: Path, run_id: int = 5) -> RunAssignment:
@@ -42,7 +52,7 @@ def assignment(attention: str, artifact_path: Path, run_id: int = 5) -> RunAssig
         variant_label=variant.label,
         device_class="iphone-17-pro",  # a class the agent was configured with
         prompts=2,
-        decode_tokens=5,
+        decode_tokens=DECODE_TOKENS,
         artifact_sha256=artifact_path.stem,
         artifact_url="",
         bytes_per_token=1,
@@ -51,62 +61,103 @@ def assignment(attention: str, artifact_path: Path, run_id: int = 5) -> RunAssig
     )
 
 
-def measure(tmp_path: Path, attention: str) -> RunResult:
+def measure(tmp_path: Path, path: Path) -> tuple[RunResult, HostRoofline, HarnessJob]:
     driver = HostDriver(
         tmp_path / "host", device_class="iphone-17-pro", udid="host-test", threads=1
     )
     device = driver.discover()[0]
-    path = artifact(tmp_path, attention)
-    job = build_job(assignment(attention, path), device)
+    job = build_job(assignment("folded", path), device)
     result = run_on_device(driver, device, path, job, Cancellation(), timeout_s=120)
     check_result(job, device, result)
-    return result
+    roofline = driver.roofline(job)
+    assert roofline is not None
+    return result, roofline, job
 
 
-def test_both_layouts_are_measured_for_real_and_agree_token_for_token(tmp_path: Path) -> None:
+def interpreter_tokens(artifact_path: Path, tmp_path: Path, prompt: list[int]) -> list[int]:
+    """The MIL reference interpreter's greedy tokens for the package inside the artifact."""
+    from decodebench.host_decode import greedy_tokens
+    from decodebench.mil.verify import open_session
+
+    with zipfile.ZipFile(artifact_path) as archive:
+        archive.extractall(tmp_path / "reference")
+    session = open_session(tmp_path / "reference" / "model.mlpackage")
+
+    class Reference:
+        reset = session.reset
+        step = session.next_token
+
+    return greedy_tokens(Reference(), prompt, DECODE_TOKENS)
+
+
+@pytest.mark.slow
+def test_w4_reads_fewer_bytes_and_decodes_the_interpreters_tokens(
+    tmp_path: Path, artifacts: dict[str, Path]
+) -> None:
     from decodebench.modeling import build_model, greedy_decode
     from decodebench.presets import TINY_GQA
-    from decodebench.prompts import builtin_prompts
 
-    slow = measure(tmp_path, "repeat_kv")
-    fast = measure(tmp_path, "folded")
+    fp16, fp16_roofline, job = measure(tmp_path, artifacts["fp16"])
+    w4, w4_roofline, _ = measure(tmp_path, artifacts["w4"])
 
-    for result in (slow, fast):
+    assert set(fp16_roofline.kernels) == {"fp16"} and set(w4_roofline.kernels) == {"int4"}
+    assert w4_roofline.weight_bytes_per_step < 0.4 * fp16_roofline.weight_bytes_per_step
+    for result, roofline in ((fp16, fp16_roofline), (w4, w4_roofline)):
         assert result.driver == "host" and result.simulated is False
-        assert result.product_type.startswith("host-")
-        assert (
-            "measured on the host CPU" in result.timing_model and "1 threads" in result.timing_model
-        )
-        assert result.load_time_cold_ms > 0 and result.load_time_warm_ms > 0
-        assert result.peak_memory_bytes > 0
+        assert "1 threads" in result.timing_model and "of the roofline" in result.timing_model
+        assert 0 < roofline.fraction < 1
+        assert result.peak_memory_bytes > 0 and result.load_time_warm_ms > 0
         for prompt in result.prompts:
             assert all(latency > 0 for latency in prompt.token_latencies_ms)
-            assert prompt.ttft_ms >= prompt.token_latencies_ms[0]
             assert prompt.decode_tok_s == pytest.approx(
-                4 / (sum(prompt.token_latencies_ms[1:]) / 1000)
+                (DECODE_TOKENS - 1) / (sum(prompt.token_latencies_ms[1:]) / 1000)
             )
-    assert [p.token_ids for p in slow.prompts] == [p.token_ids for p in fast.prompts]
-    prompt = builtin_prompts(1)[0].token_ids(TINY_GQA.vocab_size)
-    expected, _ = greedy_decode(build_model(TINY_GQA, CONTEXT, "folded"), prompt, 5)
-    assert fast.prompts[0].token_ids == expected
+    prompt = job.prompts[0].token_ids
+    assert w4.prompts[0].token_ids == interpreter_tokens(artifacts["w4"], tmp_path, prompt)
+    assert fp16.prompts[0].token_ids == interpreter_tokens(artifacts["fp16"], tmp_path, prompt)
+    expected, _ = greedy_decode(build_model(TINY_GQA, CONTEXT, "folded"), prompt, DECODE_TOKENS)
+    assert fp16.prompts[0].token_ids == expected  # the fp32 PyTorch reference agrees
 
 
-def test_a_job_for_another_layout_than_the_artifact_is_refused(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_a_palettized_lm_head_is_decompressed_per_block_to_the_interpreters_tokens(
+    tmp_path: Path, artifacts: dict[str, Path]
+) -> None:
+    base, roofline, job = measure(tmp_path, artifacts["base"])
+
+    assert roofline.kernels == {"int4": 14, "blockwise": 1}
+    prompt = job.prompts[0].token_ids
+    assert base.prompts[0].token_ids == interpreter_tokens(artifacts["base"], tmp_path, prompt)
+
+
+@pytest.mark.slow
+def test_a_job_for_another_layout_than_the_artifact_is_refused(
+    tmp_path: Path, artifacts: dict[str, Path]
+) -> None:
     driver = HostDriver(tmp_path, device_class="iphone-17-pro", udid="host-test")
     device = driver.discover()[0]
-    path = artifact(tmp_path, "repeat_kv")
-    job = build_job(assignment("folded", path), device)
+    job = build_job(assignment("repeat_kv", artifacts["fp16"]), device)
 
     with pytest.raises(
-        DriverError, match="built with attention repeat_kv, the job asks for folded"
+        DriverError, match="built with attention folded, the job asks for repeat_kv"
     ):
-        run_on_device(driver, device, path, job, Cancellation(), timeout_s=60)
+        run_on_device(driver, device, artifacts["fp16"], job, Cancellation(), timeout_s=60)
 
 
-def test_a_cancelled_run_stops_before_measuring(tmp_path: Path) -> None:
+def test_an_artifact_without_a_package_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("build.json", "{}")
+    driver = HostDriver(tmp_path, device_class="iphone-17-pro", udid="host-test")
+    with pytest.raises(DriverError, match="holds no .mlpackage"):
+        driver.install(driver.discover()[0], path)
+
+
+@pytest.mark.slow
+def test_a_cancelled_run_stops_before_measuring(tmp_path: Path, artifacts: dict[str, Path]) -> None:
     driver = HostDriver(tmp_path, device_class="iphone-17-pro", udid="host-test")
     device = driver.discover()[0]
-    path = artifact(tmp_path, "folded")
+    path = artifacts["fp16"]
     job = build_job(assignment("folded", path), device)
     driver.prepare(device)
     driver.install(device, path)

@@ -1,13 +1,18 @@
-"""The host as a device: the build's PyTorch reference decoder on this CPU, timed for real.
+"""The host as a device: the built package's own program on this CPU, timed for real.
 
-Not an iPhone and not Core ML: the same preset, seeded weights and attention layout as the
-build (`decodebench.modeling`, fp32), stepped through the same decode sweep protocol as the iOS
-harness (`decodebench.harness`), with wall-clock timings. Results say `driver="host"`,
-`simulated=False`, and their `timing_model` names the CPU, the threads and the dtype.
+Not an iPhone and not Core ML: the artifact's ``.mlpackage`` is unpacked and decoded by
+:class:`decodebench.host_decode.HostEngine`, its weights at their stored precision (int8 and
+int4 on PyTorch's weight-packed CPU kernels, palettes decompressed block by block, fp16 as
+fp16), stepped through the same decode sweep protocol as the iOS harness
+(`decodebench.harness`), with wall-clock timings. Its greedy tokens are the MIL reference
+interpreter's for the same package. Results say `driver="host"`, `simulated=False`.
 
-- load: cold = building the model (allocating and initialising its weights) the first time,
-  warm = building it again once the first copy is dropped;
-- peak memory: the bytes of the model's parameters and buffers (weights and KV cache);
+- load: cold = loading the package and packing its weights the first time, warm = again once
+  the first copy is dropped;
+- peak memory: the process's RSS high-water mark over the decode (reset before it starts);
+- roofline: the weight bytes every step reads, against this machine's STREAM triad bandwidth
+  (measured once per driver); each run's `timing_model` states both and the fraction of the
+  roofline reached, and :class:`HostRoofline` keeps them as numbers;
 - thermal state: unknown (not measured on a host).
 """
 
@@ -18,17 +23,26 @@ import json
 import logging
 import os
 import platform
+import shutil
 import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
 from decodebench.contracts.names import REPORT_NAME, Driver
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
-from decodebench.emulated.reference import TorchStepEngine, resolve_config
 from decodebench.harness import MonotonicClock, run_prompt, warm_up
+from decodebench.host_decode import HostEngine
+from decodebench.host_memory import (
+    StreamBandwidth,
+    peak_rss_bytes,
+    reset_peak_rss,
+    stream_bandwidth,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +60,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def model_bytes(engine: TorchStepEngine) -> int:
-    tensors = [*engine.model.parameters(), *engine.model.buffers()]
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+class HostRoofline(BaseModel):
+    """A host run against this machine's memory roofline (weights read once per step)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bandwidth: StreamBandwidth
+    weight_bytes_per_step: int = Field(gt=0)
+    kernels: dict[str, int] = Field(description="linear layers per kernel kind")
+    roofline_tok_s: float = Field(gt=0, description="triad bandwidth / weight bytes per step")
+    measured_tok_s: float = Field(gt=0, description="mean decode tok/s over the prompts")
+
+    @property
+    def fraction(self) -> float:
+        return self.measured_tok_s / self.roofline_tok_s
+
+    def text(self) -> str:
+        return (
+            f"{self.weight_bytes_per_step} weight bytes per step; {self.bandwidth.text()}; "
+            f"roofline {self.roofline_tok_s:.1f} tok/s, measured {self.measured_tok_s:.1f} "
+            f"tok/s = {self.fraction:.1%} of the roofline"
+        )
 
 
 @dataclass
@@ -56,6 +88,7 @@ class _Run:
     job: HarnessJob
     installed: InstalledModel
     result: RunResult | None = None
+    roofline: HostRoofline | None = None
 
 
 class HostDriver:
@@ -78,6 +111,7 @@ class HostDriver:
         self._installed: InstalledModel | None = None
         self._report: dict[str, Any] | None = None
         self._run: _Run | None = None
+        self._bandwidth: StreamBandwidth | None = None
 
     def discover(self) -> list[DeviceInfo]:
         return [self.device]
@@ -89,18 +123,24 @@ class HostDriver:
         self._run = None
 
     def install(self, device: DeviceInfo, artifact_path: Path) -> InstalledModel:
-        """Nothing is installed: the artifact's build.json is read to check the job against it."""
+        """The artifact's package is unpacked under the work directory; build.json is kept to
+        check the job against it."""
         if not zipfile.is_zipfile(artifact_path):
             raise DriverError(f"artifact {artifact_path.name} is not a zip archive")
+        target = self.work_dir / artifact_path.stem
         with zipfile.ZipFile(artifact_path) as archive:
             names = archive.namelist()
             report = json.loads(archive.read(BUILD_REPORT)) if BUILD_REPORT in names else None
-            package_bytes = sum(
-                info.file_size for info in archive.infolist() if ".mlpackage/" in info.filename
-            )
+            members = [name for name in names if name.split("/", 1)[0].endswith(".mlpackage")]
+            if not members:
+                raise DriverError(f"artifact {artifact_path.name} holds no .mlpackage")
+            package_bytes = sum(archive.getinfo(name).file_size for name in members)
+            if target.exists():
+                shutil.rmtree(target)
+            archive.extractall(target, members)
         self._installed = InstalledModel(
             artifact_sha256=artifact_path.stem,
-            package_path=artifact_path,
+            package_path=target / members[0].split("/", 1)[0],
             package_bytes=package_bytes,
         )
         self._report = report
@@ -109,15 +149,11 @@ class HostDriver:
     def push(self, device: DeviceInfo, job: HarnessJob) -> None:
         if self._installed is None:
             raise DriverError("no artifact installed on the host")
-        if job.variant is None:
-            raise DriverError("the job names no variant: the host cannot build its reference model")
         report = self._report
-        if report is not None and report.get("variant", {}).get("attention") not in (
-            None,
-            job.variant.attention.value,
-        ):
+        built = (report or {}).get("variant", {}).get("attention")
+        if job.variant is not None and built not in (None, job.variant.attention.value):
             raise DriverError(
-                f"the artifact was built with attention {report['variant']['attention']}, "
+                f"the artifact was built with attention {built}, "
                 f"the job asks for {job.variant.attention.value}"
             )
         self._run = _Run(job, self._installed)
@@ -126,6 +162,12 @@ class HostDriver:
         if self._run is None or self._run.job.run_id != job.run_id:
             raise DriverError(f"run {job.run_id} was not pushed")
 
+    def bandwidth(self) -> StreamBandwidth:
+        """This machine's STREAM bandwidth, measured on first use (part of the host's profile)."""
+        if self._bandwidth is None:
+            self._bandwidth = stream_bandwidth()
+        return self._bandwidth
+
     def wait(
         self, device: DeviceInfo, job: HarnessJob, timeout_s: float, cancel: Cancellation
     ) -> None:
@@ -133,7 +175,16 @@ class HostDriver:
         run = self._run
         assert run is not None
         deadline = time.monotonic() + timeout_s
-        run.result = measure(run.job, device, cancel, deadline, self.threads)
+        run.result, run.roofline = measure(
+            run.installed.package_path, run.job, device, self.bandwidth(), cancel, deadline,
+            self.threads,
+        )  # fmt: skip
+
+    def roofline(self, job: HarnessJob) -> HostRoofline | None:
+        """The roofline figures of the run just measured, as numbers."""
+        if self._run is None or self._run.job.run_id != job.run_id:
+            return None
+        return self._run.roofline
 
     def pull_results(self, device: DeviceInfo, job: HarnessJob) -> RunResult:
         if self._run is None or self._run.result is None:
@@ -144,48 +195,64 @@ class HostDriver:
         return ""
 
     def cleanup(self, device: DeviceInfo, job: HarnessJob) -> None:
-        self._run = None
+        if self._installed is not None:
+            shutil.rmtree(self._installed.package_path.parent, ignore_errors=True)
+        self._installed = None
         gc.collect()
 
     def close(self) -> None:
         pass
 
 
+def load_engine(package: Path) -> tuple[HostEngine, float]:
+    started = time.perf_counter()
+    try:
+        engine = HostEngine(package)
+    except ValueError as error:  # MilError and the interpreter's own errors
+        raise DriverError(f"the host cannot decode {package.name}: {error}") from None
+    return engine, (time.perf_counter() - started) * 1000
+
+
 def measure(
+    package: Path,
     job: HarnessJob,
     device: DeviceInfo,
+    bandwidth: StreamBandwidth,
     cancel: Cancellation | None = None,
     deadline: float | None = None,
     threads: int | None = None,
-) -> RunResult:
-    """The decode sweep of `job` on this CPU, timed with the monotonic clock."""
+) -> tuple[RunResult, HostRoofline]:
+    """The decode sweep of `job` over `package` on this CPU, timed with the monotonic clock."""
     import torch
 
     if threads is not None:
         torch.set_num_threads(threads)
-    assert job.variant is not None
-    config = resolve_config(job.model, job.variant)
     cancel = cancel or Cancellation()
-
-    started = time.perf_counter()
-    engine = TorchStepEngine.build(config, job.variant)
-    cold_ms = (time.perf_counter() - started) * 1000
+    engine, cold_ms = load_engine(package)
     del engine
     gc.collect()
     cancel.check()
-    started = time.perf_counter()
-    engine = TorchStepEngine.build(config, job.variant)
-    warm_ms = (time.perf_counter() - started) * 1000
+    engine, warm_ms = load_engine(package)
 
     clock = MonotonicClock()
     warm_up(engine, job.prompts[0].token_ids[0], job.warmup_steps)
+    reset_peak_rss()
     prompts: list[PromptResult] = []
     for prompt in job.prompts:
         cancel.check()
         if deadline is not None and time.monotonic() > deadline:
             raise DriverError(f"the host did not finish run {job.run_id} in time")
         prompts.append(run_prompt(engine, clock, prompt, job.decode_tokens))
-    return RunResult(
+    peak = peak_rss_bytes()
+    step_bytes = engine.interpreter.weight_bytes_per_step
+    roofline = HostRoofline(
+        bandwidth=bandwidth,
+        weight_bytes_per_step=step_bytes,
+        kernels=engine.interpreter.kinds(),
+        roofline_tok_s=bandwidth.triad_bytes_per_s / step_bytes,
+        measured_tok_s=sum(prompt.decode_tok_s for prompt in prompts) / len(prompts),
+    )
+    result = RunResult(
         device_udid=job.device_udid or device.udid,
         device_class=job.device_class,
         product_type=device.product_type,
@@ -194,13 +261,15 @@ def measure(
         simulated=False,
         load_time_cold_ms=cold_ms,
         load_time_warm_ms=warm_ms,
-        peak_memory_bytes=model_bytes(engine),
+        peak_memory_bytes=peak,
         thermal_state_start=ThermalState.unknown,
         thermal_state_end=ThermalState.unknown,
         timing_model=(
             f"measured on the host CPU ({cpu_name()}, {os.cpu_count()} logical cores, torch "
-            f"{torch.__version__}, {torch.get_num_threads()} threads): the PyTorch reference "
-            f"decoder in fp32, not Core ML; wall clock per model step"
+            f"{torch.__version__}, {torch.get_num_threads()} threads): the package's program, "
+            f"weights at stored precision ({roofline.kernels}), not Core ML; wall clock per "
+            f"model step; peak memory = RSS high-water mark of the decode; {roofline.text()}"
         ),
         prompts=prompts,
     )
+    return result, roofline

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 from decodebench.profiles import UnknownDeviceClass, get_profile
 from server.errors import Conflict, InvalidInput, NotAuthenticated
@@ -50,6 +51,11 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
             get_profile(info.device_class)
         except UnknownDeviceClass as error:
             raise InvalidInput(f"devices: {error}") from None
+        if Driver(info.driver).fake_device and not info.simulated:
+            raise InvalidInput(
+                f"devices.{info.udid}.simulated: a {info.driver} device does not measure "
+                "on hardware and must register with simulated: true"
+            )
     now = datetime.now(UTC)
     existing = {
         device.udid: device

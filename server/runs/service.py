@@ -205,6 +205,7 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         raise InvalidInput(
             f"results are from a {result.device_class}, run needs {run.device_class}"
         )
+    _check_labels(session, result)
     sweep = session.get(Sweep, run.sweep_id)
     assert sweep is not None
     expected_prompts = int(sweep.spec["prompts"])
@@ -245,6 +246,24 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         move(session, "run", run, RunState.succeeded, reason)
         settle_sweep_after_commit(session, run.sweep_id)
     return run
+
+
+def _check_labels(session: Session, result: RunResult) -> None:
+    """A result's labels must match the device its agent registered: an upload cannot turn a
+    simulated or emulated device's timings into measured ones, nor claim another driver."""
+    device = session.scalar(select(Device).where(Device.udid == result.device_udid))
+    if device is None:
+        raise InvalidInput(f"device_udid: {result.device_udid} is not a registered device")
+    if result.driver != device.driver:
+        raise InvalidInput(
+            f"driver: results say {result.driver!r}, device {device.udid} registered "
+            f"with driver {device.driver!r}"
+        )
+    if device.simulated and not result.simulated:
+        raise InvalidInput(
+            f"simulated: device {device.udid} registered as simulated ({device.driver}); "
+            "its results cannot be marked measured"
+        )
 
 
 def _upsert_prompt_statement() -> Insert:
