@@ -30,8 +30,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from decodebench.presets import get_preset  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
+from scripts.standins import MINIMAL_ANALYSIS, build_report  # noqa: E402
 
 DEVICE_CLASS = "iphone-17-pro"
 PROMPTS = 30  # the most a sweep asks for: one upload carries them all
@@ -49,13 +49,6 @@ SPEC = {
     "repetitions": 10,
 }
 RUNS_PER_SWEEP = len(SPEC["variants"]) * SPEC["repetitions"]
-ANALYSIS = {
-    "functions": ["main"], "decode_function": "main", "ops_total": 1, "non_const_ops": 1,
-    "dispatch_ops": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0, "tiles": [],
-    "slice_update_ops": 0, "state_write_ops": 0, "state_read_ops": 0, "weight_bytes": 1,
-    "weight_file_bytes": 1, "state_bytes": 0, "states": [],
-    "bytes_per_token": {"weights": 0, "kv_read": 0, "kv_write": 0, "redundant": 0, "total": 1},
-}  # fmt: skip
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -78,12 +71,7 @@ def complete_builds(client: httpx.Client, builds: list[dict], worker: str) -> No
         payload = build["key"].encode()
         sha256 = hashlib.sha256(payload).hexdigest()
         client.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers)
-        report = {
-            "key": build["key"], "model": build["model"], "variant": build["variant"],
-            "config": get_preset(build["model"]).model_dump(mode="json"),
-            "toolchain": build["toolchain"], "stage_seconds": {"convert": 0.1},
-            "peak_rss_bytes": 1, "package": "model.mlpackage", "analysis": ANALYSIS,
-        }  # fmt: skip
+        report = build_report(build, MINIMAL_ANALYSIS)
         done = client.post(
             f"/api/v1/builds/{build['id']}/complete",
             json={"lease": started["lease"], "artifact_sha256": sha256, "report": report},

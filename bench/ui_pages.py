@@ -14,7 +14,12 @@ import argparse
 import hashlib
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+# The repository root, for scripts.standins (scripts/ is not an installed package).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SCRATCH = "decodebench_bench_ui"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -40,7 +45,7 @@ def recreate_database() -> str:
 
 
 def complete_builds(client, builds: list[dict], worker: dict) -> None:
-    from decodebench.presets import get_preset
+    from scripts.standins import build_report
 
     for build in builds:
         started = client.post(
@@ -52,12 +57,7 @@ def complete_builds(client, builds: list[dict], worker: dict) -> None:
         payload = build["key"].encode()
         sha256 = hashlib.sha256(payload).hexdigest()
         client.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=worker)
-        report = {
-            "key": build["key"], "model": build["model"], "variant": build["variant"],
-            "config": get_preset(build["model"]).model_dump(mode="json"),
-            "toolchain": build["toolchain"], "stage_seconds": {"convert": 0.1},
-            "peak_rss_bytes": 1, "package": "model.mlpackage", "analysis": ANALYSIS,
-        }  # fmt: skip
+        report = build_report(build, ANALYSIS)
         done = client.post(
             f"/api/v1/builds/{build['id']}/complete",
             json={"lease": lease, "artifact_sha256": sha256, "report": report},

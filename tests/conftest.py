@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from scripts.standins import MINIMAL_ANALYSIS, build_report, full_analysis  # noqa: F401
+
 TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test")
 ADMIN_URL = os.environ.get(
     "DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -123,38 +125,6 @@ def stack(db: None, tmp_path):
     running.start_server()
     yield running
     running.stop()
-
-
-MINIMAL_ANALYSIS = {
-    "functions": ["main"], "decode_function": "main", "ops_total": 1, "non_const_ops": 1,
-    "dispatch_ops": 1, "op_counts": {}, "tile_ops": 0, "tile_output_bytes": 0, "tiles": [],
-    "slice_update_ops": 0, "state_write_ops": 0, "state_read_ops": 0, "weight_bytes": 1,
-    "weight_file_bytes": 1, "state_bytes": 0, "states": [],
-    "bytes_per_token": {"weights": 0, "kv_read": 0, "kv_write": 0, "redundant": 0, "total": 1},
-}  # fmt: skip
-
-
-def full_analysis(figures: dict) -> dict:
-    """A complete analysis document carrying the figures a test cares about."""
-    moved = {**MINIMAL_ANALYSIS["bytes_per_token"], **figures.get("bytes_per_token", {})}
-    return {**MINIMAL_ANALYSIS, **figures, "bytes_per_token": moved}
-
-
-def build_report(build: dict, analysis: dict) -> dict:
-    """A build.json for ``build`` as a worker would write it, around a given analysis."""
-    from decodebench.presets import get_preset
-
-    return {
-        "key": build["key"],
-        "model": build["model"],
-        "variant": build["variant"],
-        "config": get_preset(build["model"]).model_dump(mode="json"),
-        "toolchain": build["toolchain"],
-        "stage_seconds": {"convert": 0.1},
-        "peak_rss_bytes": 1,
-        "package": "model.mlpackage",
-        "analysis": analysis,
-    }
 
 
 def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
