@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Path, Query
 
 MAX_ROW_ID = 2**31 - 1  # the id columns are PostgreSQL integers
 # pydantic matches patterns with the Rust engine, whose "$" is the very end (no newline before it).
@@ -14,3 +14,4 @@ Sha256 = Annotated[
     str, Path(pattern=r"^[0-9a-f]{64}$", description="A content address (lowercase sha256)")
 ]
 DeviceClass = Annotated[str, Path(min_length=1, max_length=64, description="A device class")]
+QueryRowId = Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="A row id")]

@@ -47,12 +47,19 @@ def test_decode_tokens_must_leave_room_for_a_prompt(api, user_token) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/api/v1/sweeps/2147483648", "/api/v1/builds/0", "/api/v1/builds/-1"]
+    ("path", "where"),
+    [
+        ("/api/v1/sweeps/2147483648", "path"),
+        ("/api/v1/builds/0", "path"),
+        ("/api/v1/builds/-1", "path"),
+        ("/api/v1/alerts?schedule_id=2147483648", "query"),
+        ("/api/v1/sweeps/1/verdicts?baseline_sweep=2147483648", "query"),
+    ],
 )
-def test_ids_outside_their_column_are_422(api, user_token, path) -> None:
+def test_ids_outside_their_column_are_422(api, user_token, path, where) -> None:
     response = api.get(path, headers=bearer(user_token))
     assert response.status_code == 422, response.text
-    assert response.json()["detail"][0]["loc"][0] == "path"
+    assert response.json()["detail"][0]["loc"][0] == where
 
 
 def test_bad_result_figures_are_refused(api, ready_sweep, agent_token) -> None:  # noqa: F811

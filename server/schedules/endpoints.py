@@ -16,7 +16,7 @@ from decodebench.contracts.schedules import (
 )
 from server.auth import SessionDep, SubmitToken, UserToken, WorkerToken
 from server.errors import AUTHENTICATED_ERRORS
-from server.paths import RowId
+from server.paths import QueryRowId, RowId
 from server.schedules import detection, service, views, webhooks
 from server.schedules.requests import ScheduleRequest
 
@@ -99,7 +99,7 @@ def series(schedule_id: RowId, token: UserToken, session: SessionDep) -> list[Se
 def list_alerts(
     token: UserToken,
     session: SessionDep,
-    schedule_id: int | None = None,
+    schedule_id: QueryRowId | None = None,
     status: AlertStatus | None = None,
 ) -> list[AlertView]:
     return views.list_alerts(session, schedule_id, status)

@@ -3,9 +3,7 @@ against any other build of the same model."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -18,7 +16,7 @@ from server.builds import service
 from server.builds.views import build_detail
 from server.errors import NotFound
 from server.models import Build, BuildState
-from server.paths import MAX_ROW_ID, RowId
+from server.paths import QueryRowId, RowId
 from server.ui.charts import Bar, StackedBar, bar_chart, stacked_bar_chart
 from server.ui.frame import UiUser, render
 from server.ui.sweep_charts import BYTE_SERIES, MIB
@@ -89,9 +87,7 @@ def _label(build: Build) -> str:
 
 
 @router.get("/builds/{build_id}/diff")
-def pick_diff(
-    build_id: RowId, other: Annotated[int, Query(ge=1, le=MAX_ROW_ID)], user: UiUser
-) -> RedirectResponse:
+def pick_diff(build_id: RowId, other: QueryRowId, user: UiUser) -> RedirectResponse:
     """The picker is a GET form: it lands on the diff's own address (bookmarkable)."""
     return RedirectResponse(f"/builds/{build_id}/diff/{other}", status_code=303)
 
