@@ -10,12 +10,22 @@ import pytest
 
 from scripts.standins import MINIMAL_ANALYSIS, build_report, full_analysis  # noqa: F401
 
-TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test")
+# Under pytest-xdist each worker process (gw0, gw1, ...) gets its own database and Redis database,
+# counted down from the configured one, so workers never truncate each other's tables.
+WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test") + (
+    f"_{WORKER_INDEX}" if WORKER_INDEX else ""
+)
 ADMIN_URL = os.environ.get(
     "DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
-REDIS_URL = os.environ.get("DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+_REDIS_BASE, _, _REDIS_DB = os.environ.get(
+    "DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
+).rpartition("/")
+if int(_REDIS_DB) < WORKER_INDEX:
+    raise RuntimeError(f"DECODEBENCH_TEST_REDIS_URL's database must be >= {WORKER_INDEX}")
+REDIS_URL = f"{_REDIS_BASE}/{int(_REDIS_DB) - WORKER_INDEX}"
 
 # Server settings are read once per process: point them at the test services before any import.
 os.environ["DECODEBENCH_DATABASE_URL"] = DATABASE_URL
@@ -116,15 +126,30 @@ def table_counts() -> dict[str, int]:
 @pytest.fixture
 def stack(db: None, tmp_path):
     """The server as a real process on the test database, with tokens for every role."""
+    running = started_stack(tmp_path)
+    yield running
+    running.stop()
+
+
+def started_stack(tmp_path):
+    """A server process on the (already migrated) test database, with one token per role minted
+    in-process: the demo's `Stack.prepare` spends a Python start per token."""
     import redis
     from stack import Stack
 
     redis.Redis.from_url(REDIS_URL).flushdb()
     running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
-    running.prepare()
+    running.var_dir.mkdir(parents=True, exist_ok=True)
+    running.tokens = {
+        kind: make_token(kind, name)
+        for kind, name in (
+            ("user", "demo-user"),
+            ("worker", "demo-worker"),
+            ("agent", "demo-agent"),
+        )
+    }
     running.start_server()
-    yield running
-    running.stop()
+    return running
 
 
 def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
