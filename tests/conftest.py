@@ -173,6 +173,24 @@ def smollm2_folder():
     return fetch_model("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory):
+    """tiny-llama as a Hugging Face folder written by transformers' own save_pretrained (config,
+    safetensors, generation config): a checkpoint to upload, seconds to build."""
+    import torch
+    import transformers
+
+    from decodebench.presets import TINY_LLAMA
+    from decodebench.weights import hf_config_dict
+
+    fields = hf_config_dict(TINY_LLAMA, max_position_embeddings=256)
+    config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(5)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
 def page_csrf(html: str) -> str:
     """The CSRF token a page's form carries."""
     import re

@@ -11,24 +11,9 @@ from pathlib import Path
 import pytest
 
 from decodebench.presets import TINY_LLAMA
-from decodebench.weights import hf_config_dict
 from tests.conftest import bearer, table_counts
 
-transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-llama written by transformers' own save_pretrained (config, safetensors, generation
-    config)."""
-    import torch
-
-    fields = hf_config_dict(TINY_LLAMA, max_position_embeddings=256)
-    config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
-    torch.manual_seed(5)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+pytest.importorskip("transformers")
 
 
 def send(api, token: str, name: str, data: bytes, chunk: int = 1 << 18) -> str:
@@ -72,9 +57,9 @@ def rewrite_header(data: bytes, change) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + data[8 + length :]
 
 
-def test_chunks_at_offsets_resume_and_register_a_model(api, user_token, tiny_folder) -> None:
+def test_chunks_at_offsets_resume_and_register_a_model(api, user_token, tiny_llama_folder) -> None:
     headers = bearer(user_token)
-    data = (tiny_folder / "model.safetensors").read_bytes()
+    data = (tiny_llama_folder / "model.safetensors").read_bytes()
     upload = api.post(
         "/api/v1/uploads",
         json={"filename": "model.safetensors", "size": len(data)},
@@ -107,7 +92,7 @@ def test_chunks_at_offsets_resume_and_register_a_model(api, user_token, tiny_fol
     other = make_token("user", "someone-else")
     assert api.get(url, headers=bearer(other)).status_code == 404
 
-    files = folder_files(tiny_folder)
+    files = folder_files(tiny_llama_folder)
     created = register(api, user_token, "tiny", files)
     assert created.status_code == 201, created.text
     model = created.json()
@@ -127,8 +112,10 @@ def test_chunks_at_offsets_resume_and_register_a_model(api, user_token, tiny_fol
     )
 
 
-def test_corrupt_safetensors_are_refused_naming_the_tensor(api, user_token, tiny_folder) -> None:
-    files = folder_files(tiny_folder)
+def test_corrupt_safetensors_are_refused_naming_the_tensor(
+    api, user_token, tiny_llama_folder
+) -> None:
+    files = folder_files(tiny_llama_folder)
     data = files["model.safetensors"]
     victim = "model.layers.1.self_attn.k_proj.weight"
 
@@ -193,7 +180,7 @@ def test_limits_and_unknown_names(api, user_token, monkeypatch) -> None:
     }
     unknown = api.post("/api/v1/sweeps", json=sweep, headers=headers)
     assert unknown.status_code == 422 and "variants.0.package" in unknown.json()["detail"]
-    sweep["variants"] = [{"package": "nothing", "attention": "folded"}]
+    sweep["variants"] = [{"package": "nothing", "attention": "repeat_kv"}]
     mixed = api.post("/api/v1/sweeps", json=sweep, headers=headers)
     assert mixed.status_code == 422 and "leave out attention" in json.dumps(mixed.json())
     assert table_counts() == before

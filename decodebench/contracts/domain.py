@@ -111,7 +111,9 @@ class VariantSpec(Incoming):
             if self.fold:
                 raise ValueError("fold applies to a package; for a build use attention=folded")
             return self
-        given = [axis for axis in _PACKAGE_DECIDES if axis in self.model_fields_set]
+        # Left at their defaults (so a stored spec validates again): the package decides.
+        fields = type(self).model_fields
+        given = [axis for axis in _PACKAGE_DECIDES if getattr(self, axis) != fields[axis].default]
         if given:
             raise ValueError(f"a package variant is built already; leave out {', '.join(given)}")
         return self
