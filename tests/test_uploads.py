@@ -184,3 +184,85 @@ def test_limits_and_unknown_names(api, user_token, monkeypatch) -> None:
     mixed = api.post("/api/v1/sweeps", json=sweep, headers=headers)
     assert mixed.status_code == 422 and "leave out attention" in json.dumps(mixed.json())
     assert table_counts() == before
+
+
+def _gguf(architecture: str, *, truncate: int = 0) -> bytes:
+    """A GGUF header whose architecture comes after a string array and a number array (the
+    reader skips both)."""
+
+    def text(value: str) -> bytes:
+        return struct.pack("<Q", len(value.encode())) + value.encode()
+
+    kvs = [
+        text("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + text("a") + text("bc"),
+        text("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 5, 3) + b"\0" * 12,
+        text("general.architecture") + struct.pack("<I", 8) + text(architecture),
+    ]
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+    return data[: len(data) - truncate]
+
+
+def test_gguf_and_package_archives_are_checked(tmp_path: Path) -> None:
+    import io
+    import zipfile
+
+    from decodebench.modelfiles import ModelFileError, check_gguf, check_package_zip
+
+    def gguf(data: bytes) -> dict:
+        return check_gguf(io.BytesIO(data), len(data), "m.gguf")
+
+    assert gguf(_gguf("llama"))["architecture"] == "llama"
+    with pytest.raises(ModelFileError, match="'gpt2' is not supported"):
+        gguf(_gguf("gpt2"))
+    with pytest.raises(ModelFileError, match="runs past the end"):
+        gguf(_gguf("llama", truncate=3))
+
+    def package(entries: dict[str, bytes], limit: int = 10_000) -> dict:
+        path = tmp_path / "p.zip"
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, data in entries.items():
+                archive.writestr(name, data)
+        return check_package_zip(path, "p.zip", limit)
+
+    good = {"m.mlpackage/Manifest.json": b"{}", "m.mlpackage/Data/w.bin": b"0" * 100}
+    assert package(good)["manifest"] == "m.mlpackage/Manifest.json"
+    with pytest.raises(ModelFileError, match="escapes"):
+        package({**good, "../evil": b"x"})
+    with pytest.raises(ModelFileError, match="exactly one"):
+        package({**good, "n.mlpackage/Manifest.json": b"{}"})
+    with pytest.raises(ModelFileError, match="DECODEBENCH_MAX_MODEL_BYTES"):
+        package(good, limit=50)
+
+
+def test_one_writer_at_a_time(tmp_path: Path) -> None:
+    """Two requests writing the same upload at once: the second is told 409, not interleaved."""
+    import asyncio
+
+    from server.artifacts.store import ArtifactStore
+    from server.errors import Conflict
+    from server.uploads.service import partial_path, write_chunk
+
+    store = ArtifactStore(tmp_path)
+    partial_path(store, "a" * 32).parent.mkdir(parents=True)
+    partial_path(store, "a" * 32).touch()
+
+    async def scenario() -> int:
+        release = asyncio.Event()
+
+        async def slow():
+            yield b"x" * 10
+            await release.wait()
+            yield b"y" * 10
+
+        async def other():
+            yield b"z"
+
+        first = asyncio.create_task(write_chunk(store, "a" * 32, 100, 0, slow()))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Conflict, match="another request is writing"):
+            await write_chunk(store, "a" * 32, 100, 0, other())
+        release.set()
+        return await first
+
+    assert asyncio.run(scenario()) == 20
+    assert partial_path(store, "a" * 32).read_bytes() == b"x" * 10 + b"y" * 10
