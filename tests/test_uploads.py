@@ -266,3 +266,28 @@ def test_one_writer_at_a_time(tmp_path: Path) -> None:
 
     assert asyncio.run(scenario()) == 20
     assert partial_path(store, "a" * 32).read_bytes() == b"x" * 10 + b"y" * 10
+
+
+def test_idle_open_uploads_are_pruned(api, user_token) -> None:
+    import os
+    import time
+
+    from server.artifacts.store import ArtifactStore
+    from server.config import get_settings
+    from server.manage import prune_uploads_command
+    from server.uploads.service import partial_path
+
+    headers = bearer(user_token)
+    ids = [
+        api.post(
+            "/api/v1/uploads", json={"filename": "a.gguf", "size": 10}, headers=headers
+        ).json()["id"]
+        for _ in range(2)
+    ]
+    api.put(f"/api/v1/uploads/{ids[0]}", params={"offset": 0}, content=b"abc", headers=headers)
+    stale = partial_path(ArtifactStore(get_settings().artifact_dir), ids[0])
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    assert prune_uploads_command(idle_hours=1.0) == 1
+    assert not stale.exists()
+    assert api.get(f"/api/v1/uploads/{ids[0]}", headers=headers).status_code == 404
+    assert api.get(f"/api/v1/uploads/{ids[1]}", headers=headers).json()["offset"] == 0

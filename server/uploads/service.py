@@ -4,7 +4,8 @@ and moved into the content-addressed artifact store.
 The bytes received so far are the file ``<artifact_dir>/uploads/<id>``; its length is the
 offset, so what a cut connection delivered counts and the client resumes from there. One writer
 at a time holds the file's lock; another is told 409. A finished upload whose bytes do not hash
-to the announced sha256 is reset to offset 0 (nothing reaches the store).
+to the announced sha256 is reset to offset 0 (nothing reaches the store). Uploads left open
+are pruned by ``python -m server.manage prune-uploads``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -177,3 +179,32 @@ def _finished(upload: Upload, sha256: str) -> Upload:
     upload.sha256 = sha256
     upload.updated_at = datetime.now(UTC)
     return upload
+
+
+def prune_uploads(session: Session, store: ArtifactStore, idle_seconds: float) -> int:
+    """Forget open uploads nobody has written to for ``idle_seconds`` (their partial bytes and
+    their row); one being written now is left alone. Returns how many were pruned."""
+    now = time.time()
+    pruned = 0
+    candidates = session.scalars(
+        select(Upload).where(Upload.state == OPEN).with_for_update(skip_locked=True)
+    ).all()
+    for upload in candidates:
+        path = partial_path(store, upload.id)
+        try:
+            handle = path.open("r+b")
+        except FileNotFoundError:
+            session.delete(upload)
+            pruned += 1
+            continue
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            if now - os.fstat(handle.fileno()).st_mtime < idle_seconds:
+                continue
+            path.unlink()
+        session.delete(upload)
+        pruned += 1
+    return pruned
