@@ -63,9 +63,29 @@ def build_from_package(
     out_dir: Path,
     progress: ProgressCallback | None = None,
 ) -> BuildReport:
-    """``source`` (an unpacked .mlpackage) as the build of ``variant`` in ``out_dir``."""
+    """``source`` (an unpacked .mlpackage) as the build of ``variant`` in ``out_dir``; a package
+    that cannot be read, analysed or driven by the interpreter is a :class:`BuildError` naming
+    it and why (it must follow the decode interface the harness drives)."""
+    from decodebench.analysis.analyze import AnalysisError
+    from decodebench.mil.program import MilError
+
     if variant.package is None:
         raise BuildError("package: this variant names no package")
+    try:
+        return _build(source, model, identity, config, variant, out_dir, progress)
+    except (AnalysisError, MilError) as error:
+        raise BuildError(f"package {variant.package}: {error}") from None
+
+
+def _build(
+    source: Path,
+    model: str,
+    identity: str,
+    config: ModelConfig,
+    variant: VariantSpec,
+    out_dir: Path,
+    progress: ProgressCallback | None,
+) -> BuildReport:
     started = time.perf_counter()
     clock = StageClock(progress)
     toolchain = toolchain_versions()

@@ -291,3 +291,16 @@ def test_idle_open_uploads_are_pruned(api, user_token) -> None:
     assert not stale.exists()
     assert api.get(f"/api/v1/uploads/{ids[0]}", headers=headers).status_code == 404
     assert api.get(f"/api/v1/uploads/{ids[1]}", headers=headers).json()["offset"] == 0
+
+
+def test_a_package_that_cannot_be_read_fails_its_build_naming_it(tmp_path: Path) -> None:
+    from decodebench.build import BuildError
+    from decodebench.contracts.domain import VariantSpec
+    from decodebench.package_build import build_from_package
+
+    package = tmp_path / "x.mlpackage"
+    package.mkdir()
+    (package / "Manifest.json").write_text("{}")
+    variant = VariantSpec(package="mine", context=128)
+    with pytest.raises(BuildError, match="^package mine: "):
+        build_from_package(package, "tiny-gqa", "id", TINY_LLAMA, variant, tmp_path / "out")
