@@ -105,7 +105,7 @@ def read_safetensors_header(stream: BinaryIO, size: int, name: str) -> dict[str,
         )
     try:
         header = json.loads(stream.read(header_bytes))
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise ModelFileError(f"{name}: the header is not JSON ({error})") from None
     if not isinstance(header, dict):
         raise ModelFileError(f"{name}: the header is not a JSON object")
@@ -169,7 +169,7 @@ def check_hf_checkpoint(
     (stream, size)); returns a summary (architecture, the decoder's shape, parameter count)."""
     try:
         raw = json.loads(config_text)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise ModelFileError(f"config.json: not JSON ({error})") from None
     if not isinstance(raw, dict):
         raise ModelFileError("config.json: not a JSON object")
@@ -222,7 +222,7 @@ def check_hf_checkpoint(
 def check_json_file(name: str, text: bytes) -> None:
     try:
         json.loads(text)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise ModelFileError(f"{name}: not JSON ({error})") from None
 
 
