@@ -90,7 +90,7 @@ def interrupted_then_resumed(stack: Stack, folder: Path, state: Path, capsys) ->
 
 
 def test_uploaded_model_and_package_build_and_run(
-    stack: Stack, tiny_llama_folder, tmp_path, capsys, monkeypatch
+    stack: Stack, tiny_llama_folder, tiny_gguf, tmp_path, capsys, monkeypatch
 ) -> None:
     monkeypatch.setenv("DECODEBENCH_UPLOAD_STATE", str(tmp_path / "uploads.json"))
     interrupted_then_resumed(stack, tiny_llama_folder, tmp_path / "uploads.json", capsys)
@@ -113,6 +113,19 @@ def test_uploaded_model_and_package_build_and_run(
         assert report is not None
         assert report.model_identity == upload_identity("upload:tiny", model.content_sha256)
         assert report.config.vocab_size == 512 and report.analysis.tile_ops == 4
+
+        # A GGUF checkpoint: the worker dequantizes it into a Hugging Face folder, then builds.
+        capsys.readouterr()
+        assert main(["model", "upload", str(tiny_gguf), "--name", "tiny-q", "--server",
+                     stack.server_url, "--token", stack.tokens["user"]]) == 0  # fmt: skip
+        assert capsys.readouterr().out.startswith("tiny-q: gguf, llama")
+        (quantized,) = client.submit_sweep({
+            "model": "upload:tiny-q", "variants": [{"attention": "folded", "context": 128}],
+            "devices": DEVICES[:1], "prompts": 2, "decode_tokens": 8,
+        }).builds  # fmt: skip
+        assert build_queued(stack, tmp_path / "worker", quantized.id).startswith("built ")
+        dequantized = client.get_build(quantized.id).report
+        assert dequantized is not None and dequantized.config.vocab_size == 40
 
         # Its package, uploaded as a user's own: run as built, and folded (verified).
         archive = client.download_artifact(built.artifact_sha256 or "", tmp_path / "built.zip")
