@@ -1,11 +1,13 @@
 """A model brought by a user, end to end against a real server process: an upload interrupted
-twice (the client killed, a chunk cut mid-stream) and resumed by the CLI; a sweep of that model
+three times (the client killed, a chunk cut mid-stream, the server killed) and resumed by the CLI; a sweep of that model
 built by the worker code over HTTP; the built package uploaded again as a user's own package,
 folded and verified by the worker, and run to the end on simulated devices by an agent."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -78,6 +80,12 @@ def interrupted_then_resumed(stack: Stack, folder: Path, state: Path, capsys) ->
             time.sleep(0.1)
         resumed_at = client.get_upload(upload_id).offset
         assert resumed_at == reached + 20_000
+
+    # The server killed outright (kill -9) and started again: the offset is still the bytes on disk.
+    server = stack.processes["server"]
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait(timeout=10)
+    stack.start_server()
 
     capsys.readouterr()
     code = main(["model", "upload", str(folder), "--name", "tiny", "--server", stack.server_url,
