@@ -38,14 +38,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         model_identity,
         request_key,
     )
-    from decodebench.presets import PRESETS
+    from decodebench.presets import MODELS
     from decodebench.toolchain import installed_toolchain
 
     weights = Path(args.weights) if args.weights else None
     if weights is None and args.preset is None:
         raise CliError("give --preset NAME or --weights DIR")
-    if weights is None and args.preset not in PRESETS:
-        raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    if weights is None and args.preset not in MODELS:
+        raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(MODELS))}")
     if weights is not None and not (weights / "config.json").is_file():
         raise CliError(f"--weights: {weights} has no config.json")
     try:

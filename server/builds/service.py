@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec, build_key
 from decodebench.contracts.protocol import BuildFailure, BuildOutcome, BuildProgress
+from server.builds.references import check_references
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
 from server.runs.service import refresh_sweeps_of_build
@@ -29,10 +30,15 @@ def get_build(session: Session, build_id: int, *, lock: bool = False) -> Build:
 
 
 def get_or_create_build(
-    session: Session, model: str, variant: VariantSpec, toolchain: dict[str, str]
+    session: Session,
+    model: str,
+    variant: VariantSpec,
+    toolchain: dict[str, str],
+    references: dict[str, object] | None = None,
 ) -> Build:
-    """Content addressing: an identical variant is built once and shared by every sweep."""
-    key = build_key(model, variant, toolchain)
+    """Content addressing: an identical variant is built once and shared by every sweep (for a
+    model with a tokenizer, by every sweep of the same prompts: ``references``)."""
+    key = build_key(model, variant, toolchain, references)
     inserted_id = session.scalar(
         insert(Build)
         .values(
@@ -126,6 +132,7 @@ def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Bu
     build = held_build(session, build_id, outcome.lease)
     if outcome.report.key != build.key:
         raise InvalidInput(f"report key {outcome.report.key} is not build {build.key}")
+    check_references(session, build, outcome.report)
     build.artifact_sha256 = outcome.artifact_sha256
     build.report = outcome.report.model_dump(mode="json")
     build.lease_token = None
