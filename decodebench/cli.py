@@ -216,7 +216,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(sweep.model_dump_json(indent=2))
     else:
-        print(format_comparison(sweep))
+        from decodebench.commands.answers import format_answers
+
+        print("\n\n".join(filter(None, (format_comparison(sweep), format_answers(sweep)))))
     return 0
 
 

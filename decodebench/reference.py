@@ -94,11 +94,13 @@ def reference_set(
     identity: dict[str, object],
     prompt_set: str,
     cache: Path | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> tuple[ReferenceOutputs, list[bytes] | None]:
     """The prompts through the model's chat template and transformers' fp32 greedy answers,
     remembered under ``cache`` by (model identity, prompt set, decode tokens): a sweep's
     variants share one computation. Also the model's detokenizer table, checked to reproduce
-    the tokenizer's own decoding of every answer (None when it cannot)."""
+    the tokenizer's own decoding of every answer (None when it cannot). A prompt longer than
+    ``max_prompt_tokens`` keeps its last ones, as the device is given it (``agent.runner``)."""
     import hashlib
     import json
     import time
@@ -110,7 +112,12 @@ def reference_set(
 
     key = hashlib.sha256(
         json.dumps(
-            {"model": model_identity, "identity": identity, "texts": list(texts)},
+            {
+                "model": model_identity,
+                "identity": identity,
+                "texts": list(texts),
+                "max_prompt_tokens": max_prompt_tokens,
+            },
             sort_keys=True,
         ).encode()
     ).hexdigest()
@@ -121,6 +128,8 @@ def reference_set(
         return outputs, _checked(table, outputs)
     started = time.perf_counter()
     token_ids = chat_token_ids(weights, texts)
+    if max_prompt_tokens is not None:
+        token_ids = [ids[-max_prompt_tokens:] for ids in token_ids]
     answers = reference_outputs(weights, token_ids, decode_tokens)
     tokenizer = AutoTokenizer.from_pretrained(str(weights))
     decoded = [

@@ -46,6 +46,8 @@ def with_references(
         request.identity,
         CUSTOM_PROMPT_SET if request.texts is not None else CHAT_PROMPT_SET,
         cache,
+        # What the device is given: the prompt's last tokens that leave room for the answer.
+        max_prompt_tokens=report.variant.context - request.decode_tokens,
     )
     if table is not None:
         table_file = cache / f"detokenizer-{report.model_identity or report.model}.json"
