@@ -230,3 +230,8 @@ def test_the_worker_references_smollm2_once_and_its_table_reads_like_the_tokeniz
         assert detokenize(table, prompt.reference_ids) == prompt.reference_text
     again, _ = reference_set(smollm2_folder, "smollm2-135m", texts, 8, identity, "custom", tmp_path)
     assert again == outputs and len(list(tmp_path.glob("references-*.json"))) == 1
+    # A context too small for the whole prompt: the reference is of the tokens the device gets.
+    cut, _ = reference_set(
+        smollm2_folder, "smollm2-135m", texts[:1], 2, identity, "custom", tmp_path, 12
+    )
+    assert cut.prompts[0].token_ids == outputs.prompts[0].token_ids[-12:]
