@@ -103,6 +103,7 @@ def reference_set(
     ``max_prompt_tokens`` keeps its last ones, as the device is given it (``agent.runner``)."""
     import hashlib
     import json
+    import os
     import time
 
     from transformers import AutoTokenizer
@@ -153,7 +154,7 @@ def reference_set(
     )
     if stored is not None:
         stored.parent.mkdir(parents=True, exist_ok=True)
-        partial = stored.with_name(stored.name + ".partial")
+        partial = stored.with_name(f"{stored.name}.{os.getpid()}.partial")  # one per writer
         partial.write_text(outputs.model_dump_json())
         partial.replace(stored)
     return outputs, _checked(table, outputs)

@@ -235,3 +235,23 @@ def test_the_worker_references_smollm2_once_and_its_table_reads_like_the_tokeniz
         smollm2_folder, "smollm2-135m", texts[:1], 2, identity, "custom", tmp_path, 12
     )
     assert cut.prompts[0].token_ids == outputs.prompts[0].token_ids[-12:]
+
+
+def test_a_presets_own_prompts_are_pseudo_tokenized_by_the_agent() -> None:
+    from agent.runner import prompt_ids
+    from decodebench.contracts.protocol import RunAssignment
+    from decodebench.prompts import pseudo_tokenize
+
+    assignment = RunAssignment(
+        run_id=1, sweep_id=1, build_id=1, model="tiny-gqa", variant=VariantSpec(context=64),
+        variant_label="v", device_class="iphone-17-pro", prompts=2, decode_tokens=4,
+        artifact_sha256="0" * 64, artifact_url="http://x", bytes_per_token=1,
+        lease_expires_at="2026-01-01T00:00:00+00:00", lease_seconds=60,
+        prompt_set_version="custom", prompt_texts=["Hello there", "¿Qué tal?"],
+    )  # fmt: skip
+    assert prompt_ids(assignment, 512) == [
+        pseudo_tokenize(t, 512) for t in ["Hello there", "¿Qué tal?"]
+    ]
+    carried = assignment.model_copy(update={"prompt_token_ids": [[1, 2], [3, 600]]})
+    with pytest.raises(ValueError, match="outside the vocabulary of 512"):
+        prompt_ids(carried, 512)

@@ -62,7 +62,7 @@ def with_references(
         report.model_identity or report.model, report.variant, report.toolchain, request.identity
     )
     full = report.model_copy(update={"references": outputs, "key": key})
-    partial_report = out_dir / (REPORT_NAME + ".partial")
+    partial_report = out_dir / f"{REPORT_NAME}.{os.getpid()}.partial"
     partial_report.write_text(full.model_dump_json(indent=2))
     partial_report.replace(out_dir / REPORT_NAME)
     return full
