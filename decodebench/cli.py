@@ -167,7 +167,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"submitted sweep {sweep.id}: {client.base_url}/sweeps/{sweep.id}")
         if args.wait:
             sweep = wait_for_sweep(client, sweep.id, args.timeout)
-            print(format_comparison(sweep))
+            print(_with_answers(sweep))
             return 0 if sweep.state == SweepState.completed else 1
     return 0
 
@@ -216,10 +216,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(sweep.model_dump_json(indent=2))
     else:
-        from decodebench.commands.answers import format_answers
-
-        print("\n\n".join(filter(None, (format_comparison(sweep), format_answers(sweep)))))
+        print(_with_answers(sweep))
     return 0
+
+
+def _with_answers(sweep: SweepDetail) -> str:
+    """The comparison table, then what the model answered (models with a tokenizer)."""
+    from decodebench.commands.answers import format_answers
+
+    return "\n\n".join(filter(None, (format_comparison(sweep), format_answers(sweep))))
 
 
 def describe_api_error(error: Any) -> str:

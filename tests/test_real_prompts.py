@@ -189,6 +189,13 @@ def test_a_smollm2_sweep_runs_the_models_tokens_and_shows_its_answers(
     folded = {answer["variant"]: answer for answer in second["answers"]}["folded-ctx256-fp16"]
     assert folded["text"] == " Paris.\N{GRINNING FACE}" and folded["first_divergence"] == 2
 
+    from decodebench.commands.answers import format_answers
+    from decodebench.contracts.api import SweepDetail
+
+    printed = format_answers(SweepDetail.model_validate(detail))  # decodebench status, the demo
+    assert "folded-ctx256-fp16 on iphone-17-pro (differs from token 3):\n     Paris." in printed
+    assert "50% of 2 prompts identical" in printed
+
     assert ui_sign_in(api, user_token).status_code == 303
     page = api.get(f"/sweeps/{sweep['id']}").text
     assert 'id="answers"' in page and "Say &lt;hello&gt; &amp; goodbye." in page
