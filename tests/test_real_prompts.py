@@ -262,3 +262,14 @@ def test_a_presets_own_prompts_are_pseudo_tokenized_by_the_agent() -> None:
     carried = assignment.model_copy(update={"prompt_token_ids": [[1, 2], [3, 600]]})
     with pytest.raises(ValueError, match="outside the vocabulary of 512"):
         prompt_ids(carried, 512)
+
+
+def test_nul_in_any_request_text_is_a_422_not_a_500(api, agent_token, user_token) -> None:
+    """PostgreSQL cannot store U+0000 in text or JSONB: refused where it arrives."""
+    before = table_counts()
+    register = {"name": "\x00", "devices": []}
+    answer = api.post("/api/v1/agents/register", json=register, headers=bearer(agent_token))
+    assert answer.status_code == 422 and "NUL" in answer.text
+    texts = {**SWEEP, "prompt_texts": ["a\x00b"]}
+    assert api.post("/api/v1/sweeps", json=texts, headers=bearer(user_token)).status_code == 422
+    assert table_counts() == before
