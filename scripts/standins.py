@@ -22,13 +22,13 @@ def full_analysis(figures: dict[str, Any]) -> dict[str, Any]:
 
 def build_report(build: dict[str, Any], analysis: dict[str, Any]) -> dict[str, Any]:
     """A build.json for ``build`` (as the API shows it) as a worker would write it."""
-    from decodebench.presets import get_preset
+    from decodebench.presets import get_model
 
     return {
         "key": build["key"],
         "model": build["model"],
         "variant": build["variant"],
-        "config": get_preset(build["model"]).model_dump(mode="json"),
+        "config": get_model(build["model"]).model_dump(mode="json"),
         "toolchain": build["toolchain"],
         "stage_seconds": {"convert": 0.1},
         "peak_rss_bytes": 1,

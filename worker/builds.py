@@ -15,6 +15,7 @@ from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.protocol import BuildOutcome
 from decodebench.toolchain import ToolchainMismatch, check_toolchain
 from worker.config import WorkerSettings
+from worker.references import with_references
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,11 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
                         cache=cache, weights=sources.weights,
                         weights_fingerprint=sources.weights_fingerprint,
                     )  # fmt: skip
+                if assignment.prompt_set is not None:  # a model with a tokenizer
+                    progress("references", 1.0)
+                    report = with_references(
+                        report, assignment, out_dir, client, settings.work_dir / "references"
+                    )
                 if report.key != assignment.key:  # one key for one toolchain, on both sides
                     raise ToolchainMismatch(
                         f"this worker keys the build {report.key}, the server {assignment.key}"

@@ -17,7 +17,7 @@ from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.names import BuildState, Driver, RunState, SweepState
 from decodebench.contracts.protocol import DeviceCheck, ThermalState
-from decodebench.contracts.verdicts import VariantVerdict
+from decodebench.contracts.verdicts import OutputAgreement, VariantVerdict
 
 
 class _Response(Contract):
@@ -136,6 +136,11 @@ class ComparisonRow(_Response):
         description="Against the sweep's baseline variant on this device class: ratios with 95% "
         "bootstrap intervals, faster/slower/no change, output agreement (None for the baseline)",
     )
+    reference_agreement: OutputAgreement | None = Field(
+        default=None,
+        description="Greedy tokens against the fp32 reference outputs (models with a tokenizer; "
+        "None when no run recorded token ids)",
+    )
 
 
 class VerdictsView(_Response):
@@ -159,6 +164,31 @@ class SweepOverview(_Response):
     devices: list[str]
 
 
+class VariantAnswer(_Response):
+    variant: str
+    device_class: str | None = Field(description="Whose run's tokens these are; None: no run")
+    text: str | None = Field(description="The greedy tokens as text; None when not recorded")
+    first_divergence: int | None = Field(description="First token differing from the reference")
+
+
+class PromptAnswers(_Response):
+    """One prompt: the fp32 reference answer beside each variant's."""
+
+    index: int
+    prompt: str
+    reference: str
+    answers: list[VariantAnswer]
+
+
+class SweepAnswers(_Response):
+    """What a few prompts' answers read like, for a model with a tokenizer."""
+
+    reference: str = Field(description="What made the reference answers")
+    decode_tokens: int
+    prompts: list[PromptAnswers]
+    note: str | None = Field(default=None, description="Why some text is missing")
+
+
 class SweepDetail(SweepOverview):
     spec: SweepSpec
     builds: list[BuildView]
@@ -169,6 +199,9 @@ class SweepDetail(SweepOverview):
     min_effect: float = Field(description="Smallest relative change a verdict counts")
     verdicts: list[VariantVerdict] = Field(description="Every variant against the baseline")
     verdicts_note: str | None = Field(description="Why some or all verdicts are missing")
+    answers: SweepAnswers | None = Field(
+        default=None, description="A few prompts' answers as text (models with a tokenizer)"
+    )
 
 
 class BuildStateView(_Response):

@@ -1,8 +1,9 @@
 """The base of every contract: finite numbers only; requests also refuse what cannot be stored.
 
-JSON allows ``NaN``, ``Infinity`` and ``1e999`` (parsed as infinity) and lone UTF-16 surrogates
-(``"\\ud800"``); none of them can be stored in PostgreSQL or written back as JSON, so they are
-refused where they arrive, with the field named, instead of failing later as a server error.
+JSON allows ``NaN``, ``Infinity`` and ``1e999`` (parsed as infinity), lone UTF-16 surrogates
+(``"\\ud800"``) and NUL (``"\\u0000"``); none of them can be stored in PostgreSQL or written
+back as JSON, so they are refused where they arrive, with the field named, instead of failing
+later as a server error.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ def _has_lone_surrogate(value: Any) -> bool:
     # checked by the codec in C, and numbers are skipped without a call.
     if isinstance(value, str):
         if value.isascii():
-            return False
+            return "\x00" in value
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             return True
-        return False
+        return "\x00" in value
     if isinstance(value, dict):
         return any(_has_lone_surrogate(key) or _has_lone_surrogate(v) for key, v in value.items())
     if isinstance(value, list | tuple):
@@ -47,5 +48,8 @@ class Incoming(Contract):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         if _has_lone_surrogate(data):
-            raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
+            raise ValueError(
+                "text must be valid Unicode without NUL (a lone surrogate such as \\ud800 is "
+                "not, and PostgreSQL cannot store U+0000)"
+            )
         return data

@@ -55,6 +55,35 @@ class QuantSummary(Contract):
     sensitivity: SensitivityReport | None = None
 
 
+class ReferencePrompt(Contract):
+    """One prompt as the devices decode it, and what transformers in fp32 answers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(ge=0)
+    text: str
+    token_ids: list[int] = Field(min_length=1, description="Through the model's chat template")
+    reference_ids: list[int] = Field(description="fp32 greedy tokens, decode_tokens of them")
+    reference_text: str = Field(description="reference_ids decoded by the model's tokenizer")
+
+
+class ReferenceOutputs(Contract):
+    """The prompts of a model with a tokenizer and their fp32 reference outputs, computed by the
+    worker once per (model, prompt set, decode tokens) and carried by every build that needs them.
+    ``detokenizer_sha256`` is an artifact: each token id's bytes as hex, so the server turns
+    greedy tokens into text without a tokenizer library (decodebench.detokenize)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reference: str = Field(description="What computed reference_ids, e.g. transformers fp32 greedy")
+    prompt_set: str = Field(description="chat-v1 or custom")
+    identity: dict[str, object] = Field(description="The prompts and decode length keyed")
+    decode_tokens: int = Field(ge=1)
+    prompts: list[ReferencePrompt] = Field(min_length=1)
+    detokenizer_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    seconds: float = 0.0
+
+
 class BuildReport(Contract):
     model_config = ConfigDict(extra="forbid")
 
@@ -74,3 +103,5 @@ class BuildReport(Contract):
     quant: QuantSummary | None = None
     wall_seconds: float = 0.0
     cache_hit: bool = False
+    # Added with real prompts: only builds of models with a tokenizer carry them.
+    references: ReferenceOutputs | None = None

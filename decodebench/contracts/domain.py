@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import (
     ConfigDict,
@@ -20,11 +21,22 @@ from pydantic import (
 from decodebench.contracts.base import Incoming
 from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
-from decodebench.presets import PRESETS
+from decodebench.presets import MODELS, has_tokenizer
 from decodebench.profiles import get_profile
 from decodebench.quant.recipe import RecipeError, parse_recipe
 
 NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+
+# A sweep's own prompt set: at most as many prompts as the built-in set, each a plain text.
+MAX_PROMPTS = 30
+MAX_PROMPT_CHARS = 4000
+# Control characters (C0, DEL, C1) other than newline and tab: invisible, and some end a
+# terminal line or a C string early on a device.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# The built-in sets, by version (decodebench.prompts keeps their texts).
+BUILTIN_PROMPT_SET = "builtin-v1"
+CHAT_PROMPT_SET = "chat-v1"
+CUSTOM_PROMPT_SET = "custom"
 
 
 class Attention(StrEnum):
@@ -182,7 +194,22 @@ class SweepSpec(Incoming):
     )
     variants: list[VariantSpec] = Field(min_length=1, max_length=16)
     devices: list[str] = Field(min_length=1, max_length=16, description="Device classes")
-    prompts: StrictInt = Field(default=30, ge=1, le=30, description="Prompts of the built-in set")
+    prompts: StrictInt = Field(
+        default=30,
+        ge=1,
+        le=MAX_PROMPTS,
+        description="Prompts of the built-in set (the count of prompt_texts when those are given)",
+    )
+    prompt_texts: list[Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]] | None = (
+        Field(
+            default=None,
+            min_length=1,
+            max_length=MAX_PROMPTS,
+            description="The sweep's own prompts instead of the built-in set: plain text (newline "
+            "and tab allowed, no other control character), tokenized with the model's tokenizer and "
+            "chat template when it has one, with the pseudo-tokenizer otherwise",
+        )
+    )
     decode_tokens: StrictInt = Field(
         default=32, ge=1, le=1024, description="Tokens decoded per prompt"
     )
@@ -217,9 +244,50 @@ class SweepSpec(Incoming):
                     "upload:<name>: the name must be 1-48 letters, digits, '.', '_' or '-'"
                 )
             return value
-        if value not in PRESETS:
-            raise ValueError(f"unknown model preset {value!r}; known: {', '.join(sorted(PRESETS))}")
+        if value not in MODELS:
+            raise ValueError(f"unknown model preset {value!r}; known: {', '.join(sorted(MODELS))}")
         return value
+
+    @field_validator("prompt_texts")
+    @classmethod
+    def _plain_prompts(cls, value: list[str] | None) -> list[str] | None:
+        for index, text in enumerate(value or ()):
+            control = _CONTROL.search(text)
+            if control is not None:
+                raise ValueError(
+                    f"prompt_texts.{index} holds the control character "
+                    f"U+{ord(control.group()):04X} at position {control.start()}; only newline "
+                    "and tab are allowed"
+                )
+            if not text.strip():
+                raise ValueError(f"prompt_texts.{index} is only white space")
+        return value
+
+    @model_validator(mode="after")
+    def _prompt_count_matches_texts(self) -> SweepSpec:
+        if self.prompt_texts is None:
+            return self
+        if "prompts" in self.model_fields_set and self.prompts != len(self.prompt_texts):
+            raise ValueError(
+                f"prompts ({self.prompts}) differs from the {len(self.prompt_texts)} "
+                "prompt_texts given; leave prompts out"
+            )
+        self.__dict__["prompts"] = len(self.prompt_texts)
+        return self
+
+    @property
+    def prompt_set_version(self) -> str:
+        """Which prompts the devices decode: a built-in set or the sweep's own."""
+        if self.prompt_texts is not None:
+            return CUSTOM_PROMPT_SET
+        return CHAT_PROMPT_SET if has_tokenizer(self.model) else BUILTIN_PROMPT_SET
+
+    def reference_identity(self) -> dict[str, object] | None:
+        """What the fp32 reference outputs of this sweep depend on besides the model (None for
+        models without a tokenizer, which have no reference): part of their builds' keys."""
+        if not has_tokenizer(self.model):
+            return None
+        return prompt_set_identity(self.prompt_texts, self.prompts, self.decode_tokens)
 
     @field_validator("devices")
     @classmethod
@@ -256,9 +324,9 @@ class SweepSpec(Incoming):
         """What the preset already decides, refused before anything is built: more layers than
         the model has, or more layers promoted by ``topK`` than it will have. An uploaded model's
         layers are checked by the server, which knows its config."""
-        if self.model not in PRESETS:
+        if self.model not in MODELS:
             return self
-        preset = PRESETS[self.model]
+        preset = MODELS[self.model]
         for index, variant in enumerate(self.variants):
             if variant.layers is not None and variant.layers > preset.num_layers:
                 raise ValueError(
@@ -285,8 +353,36 @@ class SweepSpec(Incoming):
         return self
 
 
-def build_key(model: str, variant: VariantSpec, toolchain: dict[str, str]) -> str:
-    """Content address of a build: same model, same graph axes, same toolchain → same artifact."""
-    identity = {"model": model, "variant": variant.graph_identity(), "toolchain": toolchain}
+def prompt_set_identity(
+    texts: list[str] | None, count: int, decode_tokens: int
+) -> dict[str, object]:
+    """The prompts (a built-in chat set prefix, or the sha256 of the sweep's own texts) and the
+    decode length that reference outputs are computed for."""
+    if texts is None:
+        prompts: dict[str, object] = {"set": CHAT_PROMPT_SET, "count": count}
+    else:
+        canonical = json.dumps(texts, ensure_ascii=False, separators=(",", ":"))
+        prompts = {
+            "set": CUSTOM_PROMPT_SET,
+            "sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+        }
+    return {"prompts": prompts, "decode_tokens": decode_tokens}
+
+
+def build_key(
+    model: str,
+    variant: VariantSpec,
+    toolchain: dict[str, str],
+    references: dict[str, object] | None = None,
+) -> str:
+    """Content address of a build: same model, same graph axes, same toolchain → same artifact.
+    A model with a tokenizer also keys the prompts its build carries reference outputs for."""
+    identity: dict[str, object] = {
+        "model": model,
+        "variant": variant.graph_identity(),
+        "toolchain": toolchain,
+    }
+    if references is not None:
+        identity["references"] = references
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -109,6 +109,16 @@ class RunAssignment(Contract):
     )
     lease_expires_at: str
     lease_seconds: int
+    # Added with real prompts; defaults keep the built-in pseudo-token prompts.
+    prompt_set_version: str | None = Field(
+        default=None, description="builtin-v1, chat-v1 or custom; None: builtin-v1"
+    )
+    prompt_texts: list[str] | None = Field(
+        default=None, description="The sweep's own prompts, pseudo-tokenized (no tokenizer)"
+    )
+    prompt_token_ids: list[list[int]] | None = Field(
+        default=None, description="Token ids through the model's tokenizer and chat template"
+    )
 
 
 class ClaimResponse(Contract):
@@ -217,6 +227,16 @@ class LeaseRenewal(Contract):
 # Build workers
 
 
+class PromptSetRequest(Contract):
+    """The prompts a build's reference outputs are computed for (texts None: the built-in chat
+    set's first ``count``); ``identity`` is what the build key holds."""
+
+    texts: list[str] | None = None
+    count: int = Field(ge=1)
+    decode_tokens: int = Field(ge=1)
+    identity: dict[str, object]
+
+
 class BuildAssignment(Contract):
     build_id: int
     key: str
@@ -224,6 +244,10 @@ class BuildAssignment(Contract):
     variant: VariantSpec
     state: str
     toolchain: dict[str, str] = Field(description="The toolchain the build is keyed by")
+    prompt_set: PromptSetRequest | None = Field(
+        default=None,
+        description="For a model with a tokenizer: the prompts to compute reference outputs for",
+    )
 
 
 LEASE_PATTERN = r"^[0-9a-f]{32}$"

@@ -53,3 +53,30 @@ def output_agreement(
         ),
         diverging_prompts=tuple(sorted(divergences)),
     )
+
+
+def reference_agreement(
+    runs: Sequence[RunMeasurement], references: Sequence[Sequence[int]]
+) -> OutputAgreement | None:
+    """A variant's greedy tokens against the fp32 reference outputs (indexed by prompt), over
+    the prompts its runs recorded token ids for; None when they recorded none."""
+    divergences: dict[int, int] = {}
+    compared = 0
+    for prompt, reference in enumerate(references):
+        candidate = _tokens([run for run in runs if prompt in run.by_prompt()], prompt)
+        if candidate is None:
+            continue
+        compared += 1
+        position = first_divergence(reference, candidate)
+        if position is not None:
+            divergences[prompt] = position
+    if not compared:
+        return None
+    return OutputAgreement(
+        prompts_compared=compared,
+        identical_share=(compared - len(divergences)) / compared,
+        mean_first_divergence=(
+            sum(divergences.values()) / len(divergences) if divergences else None
+        ),
+        diverging_prompts=tuple(sorted(divergences)),
+    )

@@ -21,6 +21,7 @@ from server.artifacts.endpoints import get_store
 from server.auth import AdminToken, SessionDep, UserToken, WorkerToken
 from server.builds import service
 from server.builds.diff import diff_builds
+from server.builds.references import prompt_set_of
 from server.builds.views import build_detail
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS, InvalidInput
@@ -57,6 +58,7 @@ def assignment(build_id: RowId, token: WorkerToken, session: SessionDep) -> Buil
         variant=VariantSpec.model_validate(build.variant),
         state=build.state,
         toolchain=build.toolchain,
+        prompt_set=prompt_set_of(session, build),
     )
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec, build_key
 from decodebench.contracts.protocol import BuildFailure, BuildOutcome, BuildProgress
+from server.builds.references import check_references
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
 from server.runs.service import refresh_sweeps_of_build
@@ -34,10 +35,12 @@ def get_or_create_build(
     variant: VariantSpec,
     toolchain: dict[str, str],
     identity: str | None = None,
+    references: dict[str, object] | None = None,
 ) -> Build:
-    """Content addressing: an identical variant is built once and shared by every sweep.
-    ``identity`` (default: ``model``) is what the key hashes: an uploaded model's content too."""
-    key = build_key(identity or model, variant, toolchain)
+    """Content addressing: an identical variant is built once and shared by every sweep (for a
+    model with a tokenizer, by every sweep of the same prompts: ``references``). ``identity``
+    (default: ``model``) is what the key hashes: an uploaded model's content too."""
+    key = build_key(identity or model, variant, toolchain, references)
     inserted_id = session.scalar(
         insert(Build)
         .values(
@@ -131,6 +134,7 @@ def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Bu
     build = held_build(session, build_id, outcome.lease)
     if outcome.report.key != build.key:
         raise InvalidInput(f"report key {outcome.report.key} is not build {build.key}")
+    check_references(session, build, outcome.report)
     build.artifact_sha256 = outcome.artifact_sha256
     build.report = outcome.report.model_dump(mode="json")
     build.lease_token = None

@@ -6,12 +6,13 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.protocol import RunAssignment
 from server.builds.views import report_of
 from server.config import Settings
 from server.models import Build, Run, Sweep
 from server.runs import service as runs
+from server.runs.prompts import prompts_of
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         vocab_size=report.config.vocab_size,
         lease_expires_at=run.lease_expires_at.isoformat(),
         lease_seconds=settings.lease_seconds,
+        **prompts_of(SweepSpec.model_validate(sweep.spec), report)._asdict(),
     )
 
 

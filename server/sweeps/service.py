@@ -35,7 +35,14 @@ def submit_sweep(
     record_created(session, "sweep", sweep.id, SweepState.building, f"submitted by {submitted_by}")
     sweep_variants = []
     for position, variant in enumerate(spec.variants):
-        build = get_or_create_build(session, spec.model, variant, toolchain, identities[position])
+        build = get_or_create_build(
+            session,
+            spec.model,
+            variant,
+            toolchain,
+            identities[position],
+            spec.reference_identity(),
+        )
         sweep_variant = SweepVariant(
             sweep_id=sweep.id,
             position=position,

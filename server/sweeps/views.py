@@ -9,6 +9,7 @@ from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.names import Driver, RunState, SweepState
 from server.builds.views import build_view
 from server.models import Run, Sweep
+from server.sweeps.answers import answers_and_agreements
 from server.sweeps.comparison import comparison
 from server.sweeps.service import runs_of
 from server.sweeps.verdicts import sweep_verdicts
@@ -49,8 +50,14 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     spec = SweepSpec.model_validate(sweep.spec)
     verdicts, note = sweep_verdicts(session, sweep)
     by_cell = {(verdict.variant, verdict.device_class): verdict for verdict in verdicts}
+    answers, agreements = answers_and_agreements(session, sweep)
     table = [
-        row.model_copy(update={"verdict": by_cell.get((row.variant, row.device_class))})
+        row.model_copy(
+            update={
+                "verdict": by_cell.get((row.variant, row.device_class)),
+                "reference_agreement": agreements.get((row.variant, row.device_class)),
+            }
+        )
         for row in comparison(session, sweep, runs)
     ]
     return SweepDetail(
@@ -64,4 +71,5 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
         results=table,
         simulated=any(row.simulated for row in table),
         runs=[run_view(run) for run in runs],
+        answers=answers,
     )
