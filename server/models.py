@@ -79,6 +79,8 @@ class Sweep(Base):
     submitted_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = _now_column()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A finished sweep's verdicts, stored once (server/sweeps/verdict_cache.py).
+    verdict_cache: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
 
     variants: Mapped[list[SweepVariant]] = relationship(
         back_populates="sweep", order_by="SweepVariant.position"

@@ -11,7 +11,7 @@ from server.builds.views import build_view
 from server.models import Run, Sweep
 from server.sweeps.comparison import comparison
 from server.sweeps.service import runs_of
-from server.sweeps.verdicts import sweep_verdicts
+from server.sweeps.verdict_cache import stored_verdicts
 
 
 def run_view(run: Run) -> RunView:
@@ -47,7 +47,7 @@ def sweep_overview(sweep: Sweep) -> SweepOverview:
 def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     runs = runs_of(session, sweep.id)
     spec = SweepSpec.model_validate(sweep.spec)
-    verdicts, note = sweep_verdicts(session, sweep)
+    verdicts, note = stored_verdicts(session, sweep)
     by_cell = {(verdict.variant, verdict.device_class): verdict for verdict in verdicts}
     table = [
         row.model_copy(update={"verdict": by_cell.get((row.variant, row.device_class))})
