@@ -49,9 +49,11 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     spec = SweepSpec.model_validate(sweep.spec)
     verdicts, note = stored_verdicts(session, sweep)
     by_cell = {(verdict.variant, verdict.device_class): verdict for verdict in verdicts}
+    builds = [build_view(variant.build, label=variant.label) for variant in sweep.variants]
+    analyses = {build.id: build.analysis for build in builds}
     table = [
         row.model_copy(update={"verdict": by_cell.get((row.variant, row.device_class))})
-        for row in comparison(session, sweep, runs)
+        for row in comparison(session, sweep, runs, analyses)
     ]
     return SweepDetail(
         **sweep_overview(sweep).model_dump(),
@@ -60,7 +62,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
         min_effect=spec.min_effect,
         verdicts=verdicts,
         verdicts_note=note,
-        builds=[build_view(variant.build, label=variant.label) for variant in sweep.variants],
+        builds=builds,
         results=table,
         simulated=any(row.simulated for row in table),
         runs=[run_view(run) for run in runs],
