@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from typing import NamedTuple
 
 from markupsafe import Markup, escape
 from pydantic import BaseModel
@@ -29,7 +30,7 @@ class StackedBar(BaseModel):
     parts: list[float]
 
 
-class Point(BaseModel):
+class Point(NamedTuple):  # one per prompt pair: a tuple, not a validated model
     x: float
     y: float
     series: str
