@@ -101,10 +101,31 @@ def timed(client, path: str, repeats: int) -> tuple[float, float]:
     return statistics.median(times), max(times)
 
 
+def profile(sweep_id: int, repeats: int) -> None:
+    """Where the sweep page's time goes, in process (the test client serves on another
+    thread): the figures and the template, the functions with the most cumulative time."""
+    import cProfile
+    import pstats
+
+    from server.db import get_sessionmaker
+    from server.ui.frame import templates
+    from server.ui.sweep_pages import sweep_context
+
+    profiler = cProfile.Profile()
+    for _ in range(repeats):
+        with get_sessionmaker()() as session:
+            profiler.enable()
+            context = sweep_context(session, sweep_id)
+            templates.get_template("sweep.html").render(**context, user=None, csrf_token="")
+            profiler.disable()
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(45)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweeps", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--profile", type=int, default=0, help="profile N sweep page requests")
     args = parser.parse_args()
     os.environ["DECODEBENCH_DATABASE_URL"] = recreate_database()
     os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
@@ -154,8 +175,11 @@ def main() -> None:
         csrf = form.split('name="csrf_token" value="')[1].split('"')[0]
         client.post("/login", data={"token": user_plain, "csrf_token": csrf})
         list_median, list_max = timed(client, "/", args.repeats)
+        first_read, _ = timed(client, f"/sweeps/{sweep['id']}", 1)  # computes the verdicts
         page_median, page_max = timed(client, f"/sweeps/{sweep['id']}", args.repeats)
         live_median, live_max = timed(client, f"/sweeps/{sweep['id']}/live", args.repeats)
+        if args.profile:
+            profile(sweep["id"], args.profile)
     print(f"sweeps in the database: {args.sweeps}")
     print(f"sweeps list (/):               median {list_median:.0f} ms, max {list_max:.0f} ms")
     print(
@@ -163,6 +187,9 @@ def main() -> None:
         f"median {page_median:.0f} ms, max {page_max:.0f} ms"
     )
     print(f"sweep live fragment:           median {live_median:.0f} ms, max {live_max:.0f} ms")
+    print(
+        f"sweep page, first read after it ended (verdicts computed and stored): {first_read:.0f} ms"
+    )
 
 
 if __name__ == "__main__":
