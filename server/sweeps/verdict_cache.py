@@ -58,7 +58,7 @@ def stored_verdicts(
     # The fingerprint is read before the runs the verdicts come from: a run succeeding in
     # between leaves a stale fingerprint, so the next read computes again (never the reverse).
     key = runs_fingerprint(session, sweep.id)
-    cached = _read(sweep.verdict_cache, key)
+    cached = _read(session.scalar(select(Sweep.verdict_cache).where(Sweep.id == sweep.id)), key)
     if cached is not None:
         return cached
     verdicts, note = sweep_verdicts(session, sweep)
