@@ -22,6 +22,7 @@ from server.sweeps.endpoints import router as sweeps_router
 from server.ui.build_pages import router as build_pages_router
 from server.ui.docs import mount_docs
 from server.ui.error_pages import install_page_error_handlers
+from server.ui.nightly_pages import router as nightly_pages_router
 from server.ui.pages import router as ui_router
 from server.ui.security import SecurityMiddleware
 from server.ui.sign_in import router as sign_in_router
@@ -58,6 +59,7 @@ def create_app() -> FastAPI:
         ui_router,
         sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
         build_pages_router,
+        nightly_pages_router,
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"

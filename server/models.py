@@ -79,6 +79,9 @@ class Sweep(Base):
     submitted_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = _now_column()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A finished sweep's verdicts, stored once (server/sweeps/verdict_cache.py); tens of kB for
+    # a large sweep, so loaded only when asked for (the sweeps list loads a hundred rows).
+    verdict_cache: Mapped[dict[str, Any] | None] = mapped_column(JSONB, deferred=True)
 
     variants: Mapped[list[SweepVariant]] = relationship(
         back_populates="sweep", order_by="SweepVariant.position"

@@ -1,7 +1,7 @@
 """uploads (files arriving in chunks) and models (checkpoints and packages users bring)
 
 Revision ID: 0009
-Revises: 0005
+Revises: 0008
 Create Date: 2026-12-01 08:00:00
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0009"
-down_revision: str | None = "0005"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from decodebench.contracts.api import ComparisonRow
+from decodebench.contracts.api import AnalysisSummary, ComparisonRow
 from decodebench.stats import summarize
 from server.builds.views import analysis_summary
 from server.models import BuildState, PromptResultRow, Run, RunState, Sweep
 from server.profiles.service import current_profiles
 
 
-def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[ComparisonRow]:
-    """One row per (variant, device class), in the sweep's variant order."""
+def comparison(
+    session: Session,
+    sweep: Sweep,
+    runs: list[Run],
+    analyses: Mapping[int, AnalysisSummary | None] | None = None,
+) -> list[ComparisonRow]:
+    """One row per (variant, device class), in the sweep's variant order. ``analyses``: each
+    build's summary by build id when the caller has them already (each costs a validation of
+    the build's report)."""
     rates: dict[tuple[int, str], list[float]] = defaultdict(list)
     simulated: dict[tuple[int, str], set[bool]] = defaultdict(set)
     rows = session.execute(
@@ -36,13 +44,15 @@ def comparison(session: Session, sweep: Sweep, runs: list[Run]) -> list[Comparis
         runs_by_cell[(run.sweep_variant_id, run.device_class)].append(run)
 
     profiles = current_profiles(session)
+    if analyses is None:
+        analyses = {v.build_id: analysis_summary(v.build, profiles) for v in sweep.variants}
     table: list[ComparisonRow] = []
     for device_class in sweep.spec["devices"]:
         profile = profiles[device_class]
         baseline: float | None = None
         for sweep_variant in sweep.variants:
             cell = (sweep_variant.id, device_class)
-            analysis = analysis_summary(sweep_variant.build, profiles)
+            analysis = analyses.get(sweep_variant.build_id)
             samples = rates.get(cell, [])
             summary = summarize(samples) if samples else None
             if sweep_variant.position == 0:

@@ -67,6 +67,7 @@ def retry_run(session: Session, sweep_id: int, run_id: int, user_name: str) -> R
     sweep = session.get(Sweep, sweep_id)
     if sweep is not None:
         sweep.finished_at = None
+        sweep.verdict_cache = None  # its verdicts are judged again once the run has ended
     session.flush()
     refresh_sweep_state(session, sweep_id)
     return run

@@ -12,7 +12,8 @@ from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS
 from server.paths import MAX_ROW_ID, RowId
 from server.sweeps import control, service
-from server.sweeps.verdicts import sweep_verdicts, verdicts_against_sweep
+from server.sweeps.verdict_cache import stored_verdicts
+from server.sweeps.verdicts import verdicts_against_sweep
 from server.sweeps.views import run_view, sweep_detail, sweep_overview
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=AUTHENTICATED_ERRORS)
@@ -47,7 +48,7 @@ def get_verdicts(
     spec = SweepSpec.model_validate(sweep.spec)
     effect = min_effect if min_effect is not None else spec.min_effect
     if baseline_sweep is None:
-        rows, note = sweep_verdicts(session, sweep, min_effect=effect)
+        rows, note = stored_verdicts(session, sweep, min_effect=effect)
         baseline = spec.baseline or spec.variants[0].label
     else:
         before = service.get_sweep(session, baseline_sweep)

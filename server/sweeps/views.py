@@ -12,7 +12,7 @@ from server.models import Run, Sweep
 from server.sweeps.answers import answers_and_agreements
 from server.sweeps.comparison import comparison
 from server.sweeps.service import runs_of
-from server.sweeps.verdicts import sweep_verdicts
+from server.sweeps.verdict_cache import stored_verdicts
 
 
 def run_view(run: Run) -> RunView:
@@ -48,9 +48,11 @@ def sweep_overview(sweep: Sweep) -> SweepOverview:
 def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
     runs = runs_of(session, sweep.id)
     spec = SweepSpec.model_validate(sweep.spec)
-    verdicts, note = sweep_verdicts(session, sweep)
+    verdicts, note = stored_verdicts(session, sweep)
     by_cell = {(verdict.variant, verdict.device_class): verdict for verdict in verdicts}
     answers, agreements = answers_and_agreements(session, sweep)
+    builds = [build_view(variant.build, label=variant.label) for variant in sweep.variants]
+    analyses = {build.id: build.analysis for build in builds}
     table = [
         row.model_copy(
             update={
@@ -58,7 +60,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
                 "reference_agreement": agreements.get((row.variant, row.device_class)),
             }
         )
-        for row in comparison(session, sweep, runs)
+        for row in comparison(session, sweep, runs, analyses)
     ]
     return SweepDetail(
         **sweep_overview(sweep).model_dump(),
@@ -67,7 +69,7 @@ def sweep_detail(session: Session, sweep: Sweep) -> SweepDetail:
         min_effect=spec.min_effect,
         verdicts=verdicts,
         verdicts_note=note,
-        builds=[build_view(variant.build, label=variant.label) for variant in sweep.variants],
+        builds=builds,
         results=table,
         simulated=any(row.simulated for row in table),
         runs=[run_view(run) for run in runs],

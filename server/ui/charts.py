@@ -3,7 +3,10 @@ a table holding the same figures, for screen readers and for copying numbers."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from datetime import datetime
+from typing import NamedTuple
 
 from markupsafe import Markup, escape
 from pydantic import BaseModel
@@ -27,7 +30,7 @@ class StackedBar(BaseModel):
     parts: list[float]
 
 
-class Point(BaseModel):
+class Point(NamedTuple):  # one per prompt pair: a tuple, not a validated model
     x: float
     y: float
     series: str
@@ -172,3 +175,118 @@ def scatter_chart(points: Sequence[Point], title: str, x_label: str, y_label: st
             f'fill-opacity="0.75"/>'
         )
     return _svg(margin + size + 230, size + 60, title, body)
+
+
+class NightPoint(BaseModel):
+    at: datetime
+    mean: float
+    half_width: float
+    label: str  # the night, as its table row names it
+
+
+class ChangeMarker(BaseModel):
+    """An alert on the series: drawn at its first bad night, linked to the alert (and to the
+    graph diff of the two nights' builds when they differ)."""
+
+    at: datetime
+    kind: str  # regression / improvement / suspected
+    text: str
+    href: str
+    diff_href: str | None = None
+
+
+TREND_MARGIN_LEFT, TREND_PLOT, TREND_HEIGHT = 64, 560, 200
+MARKER_COLOURS = {"regression": "#D55E00", "improvement": "#009E73", "suspected": "#666666"}
+
+
+def _ticks(low: float, high: float, count: int = 4) -> list[float]:
+    """Round tick values spanning [low, high]."""
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(s * magnitude for s in (1, 2, 2.5, 5, 10) if s * magnitude >= raw)
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(count + 1) if first + i * step <= high + step * 1e-9]
+
+
+def trend_chart(
+    points: Sequence[NightPoint], markers: Sequence[ChangeMarker], title: str
+) -> Markup:
+    """Nightly mean tok/s as a line over its 95% interval band, time across; alerts are marked
+    at their first bad night. Not ``role="img"``: its markers are links."""
+    top, bottom = 26, 26 + TREND_HEIGHT
+    lows = [p.mean - p.half_width for p in points] or [0.0]
+    highs = [p.mean + p.half_width for p in points] or [1.0]
+    low, high = min(lows), max(highs)
+    pad = (high - low) * 0.1 or max(abs(high) * 0.05, 1.0)
+    low, high = max(0.0, low - pad), high + pad
+    times = [p.at.timestamp() for p in points] + [m.at.timestamp() for m in markers]
+    first, last = min(times, default=0.0), max(times, default=0.0)
+
+    def x(at: datetime) -> float:
+        if last == first:
+            return TREND_MARGIN_LEFT + TREND_PLOT / 2
+        return TREND_MARGIN_LEFT + TREND_PLOT * (at.timestamp() - first) / (last - first)
+
+    def y(value: float) -> float:
+        return bottom - TREND_HEIGHT * (value - low) / (high - low)
+
+    right = TREND_MARGIN_LEFT + TREND_PLOT
+    body = [f'<rect x="{TREND_MARGIN_LEFT}" y="{top}" width="{TREND_PLOT}" '
+            f'height="{TREND_HEIGHT}" fill="none" stroke="#bbb"/>']  # fmt: skip
+    for tick in _ticks(low, high):
+        body.append(
+            f'<line x1="{TREND_MARGIN_LEFT}" y1="{y(tick):.1f}" x2="{right}" y2="{y(tick):.1f}" '
+            f'stroke="#e4e4e4"/><text x="{TREND_MARGIN_LEFT - 6}" y="{y(tick) + 4:.1f}" '
+            f'font-size="11" text-anchor="end" fill="#333">{tick:,.4g}</text>'
+        )
+    body.append(
+        f'<text x="14" y="{(top + bottom) / 2}" font-size="12" text-anchor="middle" fill="#333" '
+        f'transform="rotate(-90 14 {(top + bottom) / 2})">tok/s</text>'
+    )
+    step = max(1, math.ceil(len(points) / 6))
+    for point in list(points)[::step]:
+        body.append(
+            f'<text x="{x(point.at):.1f}" y="{bottom + 16}" font-size="11" text-anchor="middle" '
+            f'fill="#333">{point.at:%m-%d}</text>'
+        )
+    if points:
+        upper = " ".join(f"{x(p.at):.1f},{y(p.mean + p.half_width):.1f}" for p in points)
+        lower = " ".join(f"{x(p.at):.1f},{y(p.mean - p.half_width):.1f}" for p in reversed(points))
+        line = " ".join(f"{x(p.at):.1f},{y(p.mean):.1f}" for p in points)
+        body.append(
+            f'<polygon class="band" points="{upper} {lower}" fill="{SERIES_COLOURS[0]}" '
+            f'fill-opacity="0.18"/><polyline class="trend" points="{line}" fill="none" '
+            f'stroke="{SERIES_COLOURS[0]}" stroke-width="2"/>'
+        )
+    for point in points:
+        body.append(
+            f'<circle class="night" cx="{x(point.at):.1f}" cy="{y(point.mean):.1f}" r="3" '
+            f'fill="{SERIES_COLOURS[0]}"><title>{escape(point.label)}: {point.mean:,.1f} ± '
+            f"{point.half_width:,.1f} tok/s</title></circle>"
+        )
+    for marker in markers:
+        at, colour = x(marker.at), MARKER_COLOURS.get(marker.kind, "#666666")
+        hollow = marker.kind == "suspected"
+        body.append(
+            f'<line x1="{at:.1f}" y1="{top}" x2="{at:.1f}" y2="{bottom}" stroke="{colour}" '
+            f'stroke-dasharray="4 3"/><a class="marker marker-{escape(marker.kind)}" '
+            f'href="{escape(marker.href)}" aria-label="{escape(marker.text)}">'
+            f'<path d="M{at - 7:.1f},{top - 16}h14l-7,12z" fill="{"white" if hollow else colour}" '
+            f'stroke="{colour}" stroke-width="1.5"/><title>{escape(marker.text)}</title></a>'
+        )
+        if marker.diff_href:
+            # Beside the marker, on the side with room (the newest night is at the right edge).
+            left = at > TREND_MARGIN_LEFT + TREND_PLOT / 2
+            body.append(
+                f'<a class="marker-diff" href="{escape(marker.diff_href)}" '
+                f'aria-label="Build diff for: {escape(marker.text)}"><text '
+                f'x="{at - 10 if left else at + 10:.1f}" y="{top - 6}" font-size="11" '
+                f'text-anchor="{"end" if left else "start"}" fill="#0058b0" '
+                f'text-decoration="underline">build diff</text></a>'
+            )
+    width, height = right + 20, bottom + 26
+    return Markup(
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" aria-label="{escape(title)}">'
+        f"<title>{escape(title)}</title>{''.join(body)}</svg>"
+    )
