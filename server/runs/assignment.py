@@ -11,6 +11,7 @@ from decodebench.contracts.protocol import RunAssignment
 from server.builds.views import report_of
 from server.config import Settings
 from server.models import Build, Run, Sweep
+from server.profiles.service import current_profiles
 from server.runs import service as runs
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,11 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         artifact_sha256=build.artifact_sha256,
         artifact_url=f"{settings.public_url}/api/v1/artifacts/{build.artifact_sha256}",
         bytes_per_token=report.analysis.bytes_per_token.total,
+        dispatch_ops=report.analysis.dispatch_ops,
         lease_expires_at=run.lease_expires_at.isoformat(),
         lease_seconds=settings.lease_seconds,
+        # What predictions use, so a simulated device times the run with the same figures.
+        device_profile=current_profiles(session).get(run.device_class),
     )
 
 
