@@ -261,3 +261,38 @@ def test_a_graph_ambiguous_about_the_token_asks_for_a_mapping() -> None:
         recognise(interpreter, program="p")
     interface = recognise(interpreter, InputMapping(token="b"))
     assert (interface.token, interface.position, interface.vocab) == ("b", "a", 32)
+
+
+def test_a_position_table_as_long_as_the_vocabulary_is_not_a_token() -> None:
+    """Context equal to the vocabulary: both inputs index a table with vocabulary-many rows, but
+    only one of them writes the KV cache, so that one is the position."""
+
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec((1,), types.int32),
+            mb.TensorSpec((1,), types.int32),
+            mb.StateTensorSpec((1, 1, 16, 4), types.fp16),
+        ],
+        opset_version=ct.target.iOS18,
+    )
+    def step(p, t, keys):
+        embed = np.arange(16 * 4, dtype=np.float16).reshape(16, 4)
+        rope = np.ones((16, 4), dtype=np.float16)
+        row = mb.mul(
+            x=mb.gather(x=embed, indices=t, axis=0), y=mb.gather(x=rope, indices=p, axis=0)
+        )
+        begin = mb.concat(values=[[0, 0], p, [0]], axis=0)
+        end = mb.concat(values=[[1, 1], mb.add(x=p, y=1), [4]], axis=0)
+        cache = mb.slice_update(x=mb.read_state(input=keys), update=mb.reshape(x=row, shape=[1, 1, 1, 4]),
+                                begin=begin, end=end)  # fmt: skip
+        written = mb.coreml_update_state(state=keys, value=cache)
+        summed = mb.reduce_sum(x=written, axes=[0, 1, 2])
+        return mb.linear(x=mb.expand_dims(x=summed, axes=[0]), weight=embed)
+
+    interface = recognise(Interpreter(step))
+    assert (interface.token, interface.position, interface.vocab, interface.context) == (
+        "t",
+        "p",
+        16,
+        16,
+    )

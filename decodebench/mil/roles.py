@@ -62,6 +62,8 @@ class Evidence:
     token: list[str] = field(default_factory=list)
     position: list[str] = field(default_factory=list)
     mask: list[str] = field(default_factory=list)
+    # What only a position does: index the KV-cache write, or build the mask.
+    position_only: bool = False
 
     def roles(self) -> set[str]:
         return {role for role in ("token", "position", "mask") if getattr(self, role)}
@@ -149,6 +151,7 @@ def _follow_integer(start: Any, vocab: int, evidence: Evidence, is_mask: bool) -
                     continue
                 if op.op_type in CACHE_WRITES and argument != "x":
                     evidence.position.append(f"indexes the cache write {op.name}")
+                    evidence.position_only = True
                     continue
                 for out in op.outputs:
                     if id(out) in seen:
@@ -161,6 +164,7 @@ def _follow_integer(start: Any, vocab: int, evidence: Evidence, is_mask: bool) -
                             evidence.mask.append(f"reaches {where}")
                         else:
                             evidence.position.append(f"builds the mask: {where}")
+                            evidence.position_only = True
         frontier = following
 
 
@@ -175,6 +179,11 @@ def infer_roles(function: Any, vocab: int, context: int) -> dict[str, Evidence]:
         is_mask = len(shape) > 0 and shape[-1] == context and math.prod(shape) > 1
         if _is_integer(var):
             _follow_integer(var, vocab, evidence, is_mask)
+        if evidence.token and evidence.position_only:
+            # It writes the cache or builds the mask, so a vocabulary-sized table it indexes is a
+            # position table (RoPE) that happens to have as many rows as the vocabulary.
+            evidence.position += [f"{why} (a position table)" for why in evidence.token]
+            evidence.token.clear()
         if not evidence.roles():
             where = _meets_scores(var)
             if where is not None:
