@@ -233,8 +233,8 @@ class RunExecutor:
             try:
                 job = build_job(assignment, device)
                 assign = getattr(self.driver, "assign", None)
-                if assign is not None:  # the simulated driver times with the server's profile
-                    assign(assignment)
+                if assign is not None:  # stand-in devices time with the server's profile
+                    assign(device, assignment)
                 step = "fetching the artifact"
                 artifact = self.cache.fetch(assignment.artifact_sha256)
                 step = f"running on {device.udid}"

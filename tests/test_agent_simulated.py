@@ -205,7 +205,7 @@ def test_the_driver_times_with_the_profile_the_assignment_carries(
         tmp_path / "work",
         timing=TimingParameters(noise_scale=0),
     )
-    driver.assign(assignment)
+    driver.assign(driver.discover()[0], assignment)
     result = run_on_device(
         driver, driver.discover()[0], artifact, build_job(assignment), Cancellation(), 60
     )
@@ -217,7 +217,7 @@ def test_the_driver_times_with_the_profile_the_assignment_carries(
 
     # A profile for another class is refused, not used.
     other = assignment.model_copy(update={"device_profile": IPHONE_16_PRO, "run_id": 42})
-    driver.assign(other)
+    driver.assign(driver.discover()[0], other)
     with pytest.raises(DriverError, match="profile is for iphone-16-pro"):
         run_on_device(driver, driver.discover()[0], artifact, build_job(other), Cancellation(), 60)
 

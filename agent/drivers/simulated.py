@@ -224,7 +224,7 @@ class SimulatedDriver:
         self._lock = threading.Lock()
         self._assigned: dict[int, tuple[DeviceProfile | None, int]] = {}
 
-    def assign(self, assignment: RunAssignment) -> None:
+    def assign(self, device: DeviceInfo, assignment: RunAssignment) -> None:
         """Keep what the server sent with the run for its timing: the device class's current
         profile (calibrated, after a calibration) and the build's dispatched ops, so the
         simulated decode time is the prediction's own formula with the prediction's figures."""

@@ -188,10 +188,11 @@ class RooflineClock:
         noise: RunNoise,
         seed: int,
         tokens: TokenSource | None = None,
+        dispatch_ops: int = 0,
     ) -> None:
         if bytes_per_token <= 0:
             raise ValueError(f"bytes_per_token is {bytes_per_token}; the roofline needs it > 0")
-        self._latency_s = decode_latency_s(profile, bytes_per_token)
+        self._latency_s = decode_latency_s(profile, bytes_per_token, dispatch_ops)
         self._noise = noise
         self._rng = np.random.default_rng(seed)
         self._tokens = tokens
