@@ -25,6 +25,7 @@ no result for a token id in the vocabulary.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -145,18 +146,23 @@ class WeightComparison(BaseModel):
         return bool(self.equal) and not (self.different or self.only_a or self.only_b)
 
 
-def _stored_weights(path: Path) -> dict[str, dict[str, bytes]]:
+def _stored_weights(path: Path) -> dict[str, dict[str, str]]:
+    """Per ``constexpr_*`` op: a SHA-256 of each stored array's dtype, shape and bytes (a digest
+    rather than a copy: the arrays of a full-size model are gigabytes)."""
     from decodebench.mil.program import load_package
 
     weights = {}
     for function in load_package(path).program.functions.values():
         for op in function.operations:
             if op.op_type.startswith("constexpr_"):
-                weights[op.name] = {
-                    key: np.ascontiguousarray(var.val).tobytes() + str(var.val.shape).encode()
-                    for key, var in op.inputs.items()
-                    if var.val is not None and isinstance(var.val, np.ndarray)
-                }
+                digests = {}
+                for key, var in op.inputs.items():
+                    value = var.val
+                    if isinstance(value, np.ndarray):
+                        digest = hashlib.sha256(f"{value.dtype}{value.shape}".encode())
+                        digest.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+                        digests[key] = digest.hexdigest()
+                weights[op.name] = digests
     return weights
 
 
