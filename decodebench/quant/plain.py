@@ -160,7 +160,7 @@ def _stored_weights(path: Path) -> dict[str, dict[str, str]]:
                     value = var.val
                     if isinstance(value, np.ndarray):
                         digest = hashlib.sha256(f"{value.dtype}{value.shape}".encode())
-                        digest.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+                        digest.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
                         digests[key] = digest.hexdigest()
                 weights[op.name] = digests
     return weights
