@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: help install demo serve-demo test test-fast services lint format typecheck bench clean
@@ -28,7 +29,7 @@ services:  ## start PostgreSQL and Redis if they are not running; install Chromi
 	bash scripts/services.sh
 
 test: install services lint  ## lint, then every test, against the real PostgreSQL, Redis and Chromium
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=15
 
 test-fast: install services  ## the tests that convert no model and start no browser
 	$(BIN)/python -m pytest -m "not slow and not browser"

@@ -60,7 +60,7 @@ class RunOutcome:
 def build_job(assignment: RunAssignment, device: DeviceInfo | None = None) -> HarnessJob:
     """Prompts as token ids, left-truncated so prompt plus decoded tokens fit the context."""
     try:
-        vocab_size = get_preset(assignment.model).vocab_size
+        vocab_size = assignment.vocab_size or get_preset(assignment.model).vocab_size
         prompts = builtin_prompts(assignment.prompts)
     except (KeyError, ValueError) as error:
         raise JobError(str(error).strip("'\"")) from error

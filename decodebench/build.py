@@ -146,20 +146,23 @@ def build_variant(
     *,
     weights: Path | None = None,
     cache: BuildCache | None = None,
+    weights_fingerprint: str | None = None,
 ) -> BuildReport:
     """Build, convert, quantize, save and analyse one variant into ``out_dir``.
 
     ``model`` is a preset name, or a label when ``weights`` names a Hugging Face folder. With a
     ``cache``, an identical earlier build is restored instead (``report.cache_hit``).
+    ``weights_fingerprint`` identifies ``weights`` when the caller knows its content already (a
+    worker building an uploaded model: the content hash the server keys the build by).
     """
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    fingerprint = None
-    if weights is not None:
-        from decodebench.weights import fingerprint as weights_fingerprint
+    fingerprint = weights_fingerprint
+    if weights is not None and fingerprint is None:
+        from decodebench.weights import fingerprint as hash_folder
 
         memo = (cache.root if cache else out_dir) / "fingerprints.json"
-        fingerprint = weights_fingerprint(weights, memo)
+        fingerprint = hash_folder(weights, memo)
     identity = model_identity(model, fingerprint)
     toolchain = toolchain_versions(converter)
     key = request_key(identity, variant, toolchain)

@@ -97,7 +97,13 @@ class BuildCache:
         shutil.copy2(out_dir / REPORT_NAME, staging / REPORT_NAME)
         entry.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(entry, ignore_errors=True)
-        os.replace(staging, entry)
+        try:
+            os.replace(staging, entry)
+        except OSError:
+            # Another process stored the same key between our check and here: theirs stands.
+            shutil.rmtree(staging, ignore_errors=True)
+            if self.lookup(key) is None:
+                raise
 
     def ranking(self, key: str) -> dict[str, Any] | None:
         """A stored sensitivity ranking (raw JSON object), or None."""

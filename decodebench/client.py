@@ -38,11 +38,13 @@ from decodebench.contracts.schedules import (
     ScheduleView,
     TickResult,
 )
+from decodebench.contracts.uploads import ModelView, UploadView
 
 API = "/api/v1"
 _LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])
 _LIST_OF_DEVICES = TypeAdapter(list[DeviceView])
 _LIST_OF_SCHEDULES = TypeAdapter(list[ScheduleView])
+_LIST_OF_MODELS = TypeAdapter(list[ModelView])
 
 
 class ApiError(Exception):
@@ -195,6 +197,38 @@ class DecodebenchClient:
 
     def reconcile_builds(self) -> list[int]:
         return Reenqueued.model_validate(self._request("POST", "/builds/reconcile")).reenqueued
+
+    # Uploads and models users bring (decodebench.uploading drives a whole upload)
+
+    def create_upload(self, filename: str, size: int) -> UploadView:
+        data = self._request("POST", "/uploads", json={"filename": filename, "size": size})
+        return UploadView.model_validate(data)
+
+    def get_upload(self, upload_id: str) -> UploadView:
+        return UploadView.model_validate(self._request("GET", f"/uploads/{upload_id}"))
+
+    def put_upload_chunk(self, upload_id: str, offset: int, data: bytes) -> UploadView:
+        answer = self._request(
+            "PUT",
+            f"/uploads/{upload_id}",
+            params={"offset": offset},
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return UploadView.model_validate(answer)
+
+    def finish_upload(self, upload_id: str, sha256: str) -> UploadView:
+        data = self._request("POST", f"/uploads/{upload_id}/finish", json={"sha256": sha256})
+        return UploadView.model_validate(data)
+
+    def register_model(self, registration: dict[str, Any]) -> ModelView:
+        return ModelView.model_validate(self._request("POST", "/models", json=registration))
+
+    def list_models(self) -> list[ModelView]:
+        return _LIST_OF_MODELS.validate_python(self._request("GET", "/models"))
+
+    def get_model(self, name: str) -> ModelView:
+        return ModelView.model_validate(self._request("GET", f"/models/{name}"))
 
     # Nightly schedules
 

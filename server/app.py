@@ -26,6 +26,8 @@ from server.ui.pages import router as ui_router
 from server.ui.security import SecurityMiddleware
 from server.ui.sign_in import router as sign_in_router
 from server.ui.sweep_pages import router as sweep_pages_router
+from server.uploads.endpoints import router as uploads_router
+from server.usermodels.endpoints import router as models_router
 
 
 def create_app() -> FastAPI:
@@ -48,6 +50,8 @@ def create_app() -> FastAPI:
         profiles_router,
         agents_router,
         artifacts_router,
+        uploads_router,
+        models_router,
         sign_in_router,
         schedules_router,
         alerts_router,

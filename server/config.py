@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     # Refused with 413 while the body streams in, before it is parsed.
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_artifact_bytes: int = Field(default=4 * 1024**3, ge=1024)
+    # Models users bring (docs: README "Bring your own model"): one file of an upload, the
+    # files of one model together (a zipped package: once unpacked), and one chunk's body.
+    max_upload_bytes: int = Field(default=8 * 1024**3, ge=1024)
+    max_model_bytes: int = Field(default=16 * 1024**3, ge=1024)
+    max_upload_chunk_bytes: int = Field(default=64 * 1024**2, ge=1024)
     # The web UI: a signed-in browser's session lasts this long; this many refused sign-ins
     # from one client address within the window answer 429 until the oldest one ages out.
     ui_session_hours: float = 12.0

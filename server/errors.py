@@ -64,6 +64,12 @@ class InvalidInput(DecodebenchError):
     status_code = 422
 
 
+class TooLarge(DecodebenchError):
+    """Over a configured size limit; the message names the limit and its setting."""
+
+    status_code = 413
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DecodebenchError)
     async def _render(request: Request, exc: DecodebenchError) -> JSONResponse:

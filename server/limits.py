@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.config import get_settings
 
 ARTIFACT_PREFIX = "/api/v1/artifacts/"
+UPLOAD_PREFIX = "/api/v1/uploads/"
 
 
 class BodyTooLarge(HTTPException):
@@ -25,14 +26,19 @@ class BodyTooLarge(HTTPException):
         super().__init__(
             status_code=413,
             detail=f"{what} exceeds this server's limit of {limit} bytes "
-            f"(DECODEBENCH_MAX_{'ARTIFACT' if what == 'artifact' else 'BODY'}_BYTES)",
+            f"(DECODEBENCH_MAX_{_SETTING.get(what, 'BODY')}_BYTES)",
         )
+
+
+_SETTING = {"artifact": "ARTIFACT", "upload chunk": "UPLOAD_CHUNK"}
 
 
 def _limit_for(scope: Scope) -> tuple[int, str]:
     settings = get_settings()
     if scope["method"] == "PUT" and scope["path"].startswith(ARTIFACT_PREFIX):
         return settings.max_artifact_bytes, "artifact"
+    if scope["method"] == "PUT" and scope["path"].startswith(UPLOAD_PREFIX):
+        return settings.max_upload_chunk_bytes, "upload chunk"
     return settings.max_body_bytes, "request body"
 
 

@@ -69,6 +69,18 @@ def revoke_tokens_command(name: str) -> int:
         return len(revoked)
 
 
+def prune_uploads_command(idle_hours: float) -> int:
+    """Forget uploads left open that long; returns how many."""
+    from server.artifacts.store import ArtifactStore
+    from server.config import get_settings
+    from server.db import get_sessionmaker
+    from server.uploads.service import prune_uploads
+
+    with get_sessionmaker().begin() as session:
+        store = ArtifactStore(get_settings().artifact_dir)
+        return prune_uploads(session, store, idle_hours * 3600)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server.manage")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     revoke = commands.add_parser("revoke-token", help="revoke every token with this name")
     revoke.add_argument("--name", required=True)
+    prune = commands.add_parser(
+        "prune-uploads", help="forget open uploads nobody has written to for a while"
+    )
+    prune.add_argument("--idle-hours", type=float, default=24.0)
     args = parser.parse_args(argv)
 
     if args.command == "prestart":
@@ -107,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         revoked = revoke_tokens_command(args.name)
         print(f"revoked {revoked} token(s) named {args.name}")
         return 0 if revoked else 1
+    elif args.command == "prune-uploads":
+        print(f"pruned {prune_uploads_command(args.idle_hours)} open upload(s)")
     return 0
 
 

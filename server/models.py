@@ -363,3 +363,36 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = _now_column()
+
+
+class Upload(Base):
+    """One file arriving in chunks; its bytes wait in ``<artifact_dir>/uploads/<id>`` until it is
+    finished with its sha256 and moved into the content-addressed store."""
+
+    __tablename__ = "uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    filename: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), default="open")
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = _now_column()
+    updated_at: Mapped[datetime] = _now_column()
+
+
+class UserModel(Base):
+    """A model a user brought: files in the artifact store, checked when registered."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(48), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    architecture: Mapped[str | None] = mapped_column(String(128))
+    content_sha256: Mapped[str] = mapped_column(String(64))
+    total_bytes: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[list[Any]]
+    summary: Mapped[dict[str, Any]]
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = _now_column()

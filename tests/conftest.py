@@ -10,12 +10,22 @@ import pytest
 
 from scripts.standins import MINIMAL_ANALYSIS, build_report, full_analysis  # noqa: F401
 
-TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test")
+# Under pytest-xdist each worker process (gw0, gw1, ...) gets its own database and Redis database,
+# counted down from the configured one, so workers never truncate each other's tables.
+WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test") + (
+    f"_{WORKER_INDEX}" if WORKER_INDEX else ""
+)
 ADMIN_URL = os.environ.get(
     "DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
-REDIS_URL = os.environ.get("DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+_REDIS_BASE, _, _REDIS_DB = os.environ.get(
+    "DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
+).rpartition("/")
+if int(_REDIS_DB) < WORKER_INDEX:
+    raise RuntimeError(f"DECODEBENCH_TEST_REDIS_URL's database must be >= {WORKER_INDEX}")
+REDIS_URL = f"{_REDIS_BASE}/{int(_REDIS_DB) - WORKER_INDEX}"
 
 # Server settings are read once per process: point them at the test services before any import.
 os.environ["DECODEBENCH_DATABASE_URL"] = DATABASE_URL
@@ -25,7 +35,7 @@ os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
 TABLES = (
     "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions, "
     "profile_calibrations, ui_sessions, sign_in_failures, webhook_attempts, webhook_deliveries, "
-    "alerts, schedule_firings, schedules"
+    "alerts, schedule_firings, schedules, models, uploads"
 )
 
 
@@ -116,15 +126,30 @@ def table_counts() -> dict[str, int]:
 @pytest.fixture
 def stack(db: None, tmp_path):
     """The server as a real process on the test database, with tokens for every role."""
+    running = started_stack(tmp_path)
+    yield running
+    running.stop()
+
+
+def started_stack(tmp_path):
+    """A server process on the (already migrated) test database, with one token per role minted
+    in-process: the demo's `Stack.prepare` spends a Python start per token."""
     import redis
     from stack import Stack
 
     redis.Redis.from_url(REDIS_URL).flushdb()
     running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
-    running.prepare()
+    running.var_dir.mkdir(parents=True, exist_ok=True)
+    running.tokens = {
+        kind: make_token(kind, name)
+        for kind, name in (
+            ("user", "demo-user"),
+            ("worker", "demo-worker"),
+            ("agent", "demo-agent"),
+        )
+    }
     running.start_server()
-    yield running
-    running.stop()
+    return running
 
 
 def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
@@ -171,6 +196,81 @@ def smollm2_folder():
     from decodebench.realmodels import fetch_model
 
     return fetch_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory):
+    """tiny-llama as a Hugging Face folder written by transformers' own save_pretrained (config,
+    safetensors, generation config): a checkpoint to upload, seconds to build."""
+    import torch
+    import transformers
+
+    from decodebench.presets import TINY_LLAMA
+    from decodebench.weights import hf_config_dict
+
+    fields = hf_config_dict(TINY_LLAMA, max_position_embeddings=256)
+    config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(5)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory):
+    """A two-layer Llama as a GGUF file (fp32 tensors, a small BPE vocabulary), written with the
+    gguf package as llama.cpp lays it out: what transformers dequantizes into a checkpoint."""
+    import gguf
+    import numpy as np
+
+    layers, hidden, ffn, heads, kv_heads = 2, 64, 128, 4, 2
+    tokens = [chr(ord("a") + i) for i in range(26)] + ["ab", "bc", "cd", "<s>", "</s>"]
+    tokens += [f"x{i}" for i in range(40 - len(tokens))]
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_vocab_size(len(tokens))
+    writer.add_file_type(0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(["a b", "b c", "c d"])
+    writer.add_bos_token_id(29)
+    writer.add_eos_token_id(30)
+    rng = np.random.default_rng(0)
+
+    def tensor(name: str, *shape: int) -> None:
+        values = np.ones(shape) if name.endswith("norm.weight") else rng.standard_normal(shape)
+        writer.add_tensor(
+            name, (values * (1 if name.endswith("norm.weight") else 0.02)).astype(np.float32)
+        )
+
+    kv = kv_heads * hidden // heads
+    tensor("token_embd.weight", len(tokens), hidden)
+    for index in range(layers):
+        for name, shape in (("attn_norm", (hidden,)), ("attn_q", (hidden, hidden)),
+                            ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_norm", (hidden,)),
+                            ("ffn_gate", (ffn, hidden)), ("ffn_up", (ffn, hidden)),
+                            ("ffn_down", (hidden, ffn))):  # fmt: skip
+            tensor(f"blk.{index}.{name}.weight", *shape)
+    tensor("output_norm.weight", hidden)
+    tensor("output.weight", len(tokens), hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def page_csrf(html: str) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import text
 from stack import Stack
 
@@ -24,7 +23,7 @@ from agent.main import Agent
 from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
 from decodebench.emulated.fleet import EmulatedFleet
-from tests.conftest import DATABASE_URL, REDIS_URL, table_counts
+from tests.conftest import started_stack, table_counts
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +32,7 @@ PROMPTS = 3
 
 @pytest.fixture
 def stack(db: None, tmp_path: Path) -> Iterator[Stack]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
-    running.prepare()
-    running.start_server()
+    running = started_stack(tmp_path)
     running.start_worker()
     yield running
     running.stop()

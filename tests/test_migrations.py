@@ -8,10 +8,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, inspect
 
-from tests.conftest import recreate_database
+from tests.conftest import TEST_DATABASE, recreate_database
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRATCH = "decodebench_migrations"
+SCRATCH = f"{TEST_DATABASE}_migrations"  # apart from any other test run's scratch
 URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{SCRATCH}"
 
 

@@ -25,6 +25,8 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
     """Returns what happened, for the task's result and the log."""
     from decodebench.build import build_variant, toolchain_versions
     from decodebench.buildcache import BuildCache
+    from decodebench.package_build import build_from_package, package_from_zip
+    from worker.sources import fetch_sources, model_config
 
     with DecodebenchClient(settings.server_url, settings.token) as client:
         assignment = client.get_build_assignment(build_id)
@@ -55,9 +57,24 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
                 # The worker's own cache: a rebuilt variant is a hard link, and the per-layer
                 # sensitivity ranking of a model is measured once for all its variants.
                 cache = BuildCache(settings.work_dir / "cache")
-                report = build_variant(
-                    assignment.model, assignment.variant, out_dir, progress=progress, cache=cache
-                )
+                progress("fetch", 0.0)
+                sources = fetch_sources(client, assignment, settings.work_dir / "models")
+                if sources.package is not None:  # a package built elsewhere: no conversion
+                    report = build_from_package(
+                        package_from_zip(sources.package, Path(tmp) / "package"),
+                        assignment.model,
+                        sources.identity,
+                        model_config(assignment.model, sources.weights),
+                        assignment.variant,
+                        out_dir,
+                        progress,
+                    )
+                else:
+                    report = build_variant(
+                        assignment.model, assignment.variant, out_dir, progress=progress,
+                        cache=cache, weights=sources.weights,
+                        weights_fingerprint=sources.weights_fingerprint,
+                    )  # fmt: skip
                 if report.key != assignment.key:  # one key for one toolchain, on both sides
                     raise ToolchainMismatch(
                         f"this worker keys the build {report.key}, the server {assignment.key}"

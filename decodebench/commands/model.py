@@ -1,12 +1,18 @@
-"""``decodebench model fetch NAME``: download a real checkpoint once and print its folder.
+"""``decodebench model fetch|upload|list``: real checkpoints, locally and on a server.
 
-The folder (a Hugging Face checkpoint with tokenizer and chat template) is what
-``decodebench build --weights DIR`` takes. Exit status 0 with the folder printed, 2 on error.
+``fetch NAME`` downloads a registry model once into the local model cache and prints its folder
+(a Hugging Face checkpoint with tokenizer and chat template, what ``decodebench build --weights
+DIR`` takes). ``upload DIR|FILE --name N`` sends a Hugging Face folder, a ``.gguf`` file or a
+``.mlpackage`` (folder or zip) to a server in resumable chunks and registers it as model N; run
+it again after an interruption to resume. A sweep then names it as ``upload:N`` (a checkpoint)
+or in a variant's ``package`` field (a package). ``list`` prints the server's models.
+Exit status 0, or 2 on error.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -16,7 +22,7 @@ def register(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "model",
-        help="fetch real checkpoints into the local model cache",
+        help="fetch real checkpoints, upload your own to a server",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -25,6 +31,18 @@ def register(subparsers: Any) -> None:
     fetch.add_argument("name", choices=sorted(REGISTRY_MODELS))
     fetch.add_argument("--cache", default=None, help="cache folder (or DECODEBENCH_MODEL_CACHE)")
     fetch.set_defaults(handler=cmd_fetch)
+    upload = actions.add_parser("upload", help="upload a checkpoint, GGUF or .mlpackage")
+    upload.add_argument("source", metavar="DIR|FILE")
+    upload.add_argument("--name", required=True, help="the model's name on the server")
+    upload.add_argument("--chunk-mib", type=int, default=8, help="bytes per request, in MiB")
+    upload.set_defaults(handler=cmd_upload)
+    listing = actions.add_parser("list", help="list the server's models")
+    listing.set_defaults(handler=cmd_list)
+    for action in (upload, listing):
+        action.add_argument(
+            "--server", default=os.environ.get("DECODEBENCH_SERVER_URL", "http://127.0.0.1:8000")
+        )
+        action.add_argument("--token", default=None, help="user API token (or DECODEBENCH_TOKEN)")
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -41,4 +59,71 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print(f"decodebench model fetch: error: {error}", file=sys.stderr)
         return 2
     print(folder)
+    return 0
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from decodebench.client import DecodebenchClient
+
+    token = args.token or os.environ.get("DECODEBENCH_TOKEN")
+    if not token:
+        raise ValueError("no API token: pass --token or set DECODEBENCH_TOKEN")
+    return DecodebenchClient(args.server, token, timeout=300.0)
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import httpx
+
+    from decodebench.client import ApiError
+    from decodebench.modelfiles import ModelFileError
+    from decodebench.uploading import UploadError, upload_model
+
+    shown: dict[str, int] = {}
+
+    def progress(name: str, offset: int, size: int) -> None:
+        percent = offset * 100 // size
+        if shown.get(name) != percent:
+            shown[name] = percent
+            print(f"  {name}: {percent}% ({offset:,} of {size:,} bytes)", file=sys.stderr)
+
+    def log(message: str) -> None:
+        print(f"  {message}", file=sys.stderr, flush=True)
+
+    if args.chunk_mib < 1:
+        print("decodebench model upload: error: --chunk-mib must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        with _client(args) as client:
+            model = upload_model(
+                client, Path(args.source), args.name,
+                chunk_bytes=args.chunk_mib * 2**20, progress=progress, log=log,
+            )  # fmt: skip
+    except (ValueError, ModelFileError, UploadError, ApiError, httpx.TransportError) as error:
+        print(f"decodebench model upload: error: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"{model.name}: {model.kind.value}, {model.architecture or 'package'}, "
+        f"{model.total_bytes:,} bytes, content {model.content_sha256[:16]}"
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import httpx
+
+    from decodebench.client import ApiError
+
+    try:
+        with _client(args) as client:
+            models = client.list_models()
+    except (ValueError, ApiError, httpx.TransportError) as error:
+        print(f"decodebench model list: error: {error}", file=sys.stderr)
+        return 2
+    for model in models:
+        print(
+            f"{model.name:<32} {model.kind.value:<9} {model.architecture or '-':<20} "
+            f"{model.total_bytes:>14,} B  {model.content_sha256[:16]}"
+        )
     return 0

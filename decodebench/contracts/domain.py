@@ -7,9 +7,18 @@ import json
 import re
 from enum import StrEnum
 
-from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from decodebench.contracts.base import Incoming
+from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
 from decodebench.presets import PRESETS
 from decodebench.profiles import get_profile
@@ -41,7 +50,14 @@ MAX_PREFILL_CHUNK = 512
 
 # Axes added after builds were first keyed: left out of the identity while at their default, so
 # every build keyed before they existed keeps its key (and its artifact).
-_LATER_AXES_DEFAULTS: dict[str, object] = {"kv": "state", "prefill_chunk": None}
+_LATER_AXES_DEFAULTS: dict[str, object] = {
+    "kv": "state",
+    "prefill_chunk": None,
+    "package": None,
+    "fold": False,
+}
+# What a package built elsewhere already decides: a variant naming one leaves these out.
+_PACKAGE_DECIDES = ("attention", "kv", "quant", "layers", "prefill_chunk")
 
 
 class VariantSpec(Incoming):
@@ -72,6 +88,35 @@ class VariantSpec(Incoming):
         max_length=200,
         description="Quantization recipe: fp16, w8, w4, base, topK or rules (see decodebench.quant)",
     )
+    package: str | None = Field(
+        default=None,
+        description="An uploaded .mlpackage (its model name) to run instead of building one; "
+        "context must be the package's KV length",
+    )
+    fold: StrictBool = Field(
+        default=False,
+        description="With package: fold its GQA KV replication (decodebench fold) and verify",
+    )
+
+    @field_validator("package")
+    @classmethod
+    def _package_name(cls, value: str | None) -> str | None:
+        if value is not None and not MODEL_NAME.match(value):
+            raise ValueError("must be 1-48 characters of letters, digits, '.', '_' or '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _package_decides_the_graph(self) -> VariantSpec:
+        if self.package is None:
+            if self.fold:
+                raise ValueError("fold applies to a package; for a build use attention=folded")
+            return self
+        # Left at their defaults (so a stored spec validates again): the package decides.
+        fields = type(self).model_fields
+        given = [axis for axis in _PACKAGE_DECIDES if getattr(self, axis) != fields[axis].default]
+        if given:
+            raise ValueError(f"a package variant is built already; leave out {', '.join(given)}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -105,6 +150,8 @@ class VariantSpec(Incoming):
     def label(self) -> str:
         if self.name:
             return self.name
+        if self.package is not None:
+            return f"{self.package}{'-fold' if self.fold else ''}-ctx{self.context}"
         parts = [self.attention.value, f"ctx{self.context}", self.quant]
         if self.kv != KVCache.state:
             parts.append(f"kv{self.kv.value}")
@@ -128,7 +175,11 @@ class SweepSpec(Incoming):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="Model preset name, e.g. tiny-gqa or exaone-4.0-1.2b")
+    model: str = Field(
+        max_length=64,
+        description="Model preset name, e.g. tiny-gqa or exaone-4.0-1.2b, or upload:<name> for "
+        "an uploaded checkpoint (POST /api/v1/models)",
+    )
     variants: list[VariantSpec] = Field(min_length=1, max_length=16)
     devices: list[str] = Field(min_length=1, max_length=16, description="Device classes")
     prompts: StrictInt = Field(default=30, ge=1, le=30, description="Prompts of the built-in set")
@@ -160,6 +211,12 @@ class SweepSpec(Incoming):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
+        if value.startswith(UPLOAD_PREFIX):  # the server checks that it exists
+            if not MODEL_NAME.match(value.removeprefix(UPLOAD_PREFIX)):
+                raise ValueError(
+                    "upload:<name>: the name must be 1-48 letters, digits, '.', '_' or '-'"
+                )
+            return value
         if value not in PRESETS:
             raise ValueError(f"unknown model preset {value!r}; known: {', '.join(sorted(PRESETS))}")
         return value
@@ -197,7 +254,10 @@ class SweepSpec(Incoming):
     @model_validator(mode="after")
     def _variants_fit_the_preset(self) -> SweepSpec:
         """What the preset already decides, refused before anything is built: more layers than
-        the model has, or more layers promoted by ``topK`` than it will have."""
+        the model has, or more layers promoted by ``topK`` than it will have. An uploaded model's
+        layers are checked by the server, which knows its config."""
+        if self.model not in PRESETS:
+            return self
         preset = PRESETS[self.model]
         for index, variant in enumerate(self.variants):
             if variant.layers is not None and variant.layers > preset.num_layers:

@@ -105,6 +105,9 @@ class RunAssignment(Contract):
     artifact_sha256: str
     artifact_url: str
     bytes_per_token: int = Field(description="Total bytes moved per decoded token (analysis)")
+    vocab_size: int | None = Field(
+        default=None, description="The built model's vocabulary (an uploaded model has no preset)"
+    )
     lease_expires_at: str
     lease_seconds: int
     dispatch_ops: int = Field(

@@ -29,10 +29,15 @@ def get_build(session: Session, build_id: int, *, lock: bool = False) -> Build:
 
 
 def get_or_create_build(
-    session: Session, model: str, variant: VariantSpec, toolchain: dict[str, str]
+    session: Session,
+    model: str,
+    variant: VariantSpec,
+    toolchain: dict[str, str],
+    identity: str | None = None,
 ) -> Build:
-    """Content addressing: an identical variant is built once and shared by every sweep."""
-    key = build_key(model, variant, toolchain)
+    """Content addressing: an identical variant is built once and shared by every sweep.
+    ``identity`` (default: ``model``) is what the key hashes: an uploaded model's content too."""
+    key = build_key(identity or model, variant, toolchain)
     inserted_id = session.scalar(
         insert(Build)
         .values(

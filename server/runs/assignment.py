@@ -38,6 +38,7 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         artifact_url=f"{settings.public_url}/api/v1/artifacts/{build.artifact_sha256}",
         bytes_per_token=report.analysis.bytes_per_token.total,
         dispatch_ops=report.analysis.dispatch_ops,
+        vocab_size=report.config.vocab_size,
         lease_expires_at=run.lease_expires_at.isoformat(),
         lease_seconds=settings.lease_seconds,
         # What predictions use, so a simulated device times the run with the same figures.

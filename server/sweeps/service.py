@@ -11,6 +11,7 @@ from server.errors import NotFound
 from server.models import BuildState, Run, RunState, Sweep, SweepState, SweepVariant
 from server.runs.service import refresh_sweep_state
 from server.transitions import record_created
+from server.usermodels.service import variant_identities
 
 
 def interleaved_order(repetition: int, position: int, variant_count: int) -> int:
@@ -22,6 +23,7 @@ def interleaved_order(repetition: int, position: int, variant_count: int) -> int
 def submit_sweep(
     session: Session, spec: SweepSpec, submitted_by: str, toolchain: dict[str, str]
 ) -> Sweep:
+    identities = variant_identities(session, spec)  # 422 before anything is written
     sweep = Sweep(
         model=spec.model,
         spec=spec.model_dump(mode="json"),
@@ -33,7 +35,7 @@ def submit_sweep(
     record_created(session, "sweep", sweep.id, SweepState.building, f"submitted by {submitted_by}")
     sweep_variants = []
     for position, variant in enumerate(spec.variants):
-        build = get_or_create_build(session, spec.model, variant, toolchain)
+        build = get_or_create_build(session, spec.model, variant, toolchain, identities[position])
         sweep_variant = SweepVariant(
             sweep_id=sweep.id,
             position=position,
