@@ -46,10 +46,10 @@ format:  ## ruff format and fix
 typecheck: install  ## mypy over every package (decodebench, agent, server, worker)
 	$(BIN)/mypy
 
-bench:  ## full-size EXAONE benchmarks, one after another (tens of minutes, up to ~8 GB RAM each)
+bench:  ## full-size EXAONE benchmarks, one after another (tens of minutes, up to ~10 GB RAM each)
 	$(BIN)/python bench/exaone_tiles.py
 	$(BIN)/python bench/build_exaone.py
-	$(BIN)/python bench/fold_exaone.py --verify-steps 3
+	$(BIN)/python bench/fold_exaone.py
 	$(BIN)/python bench/diff_exaone.py
 	$(BIN)/python bench/host_decode.py
 

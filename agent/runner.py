@@ -246,6 +246,9 @@ class RunExecutor:
         with LeaseKeeper(self.client, run_id, assignment.lease_seconds, cancel) as lease:
             try:
                 job = build_job(assignment, device)
+                assign = getattr(self.driver, "assign", None)
+                if assign is not None:  # stand-in devices time with the server's profile
+                    assign(device, assignment)
                 step = "fetching the artifact"
                 artifact = self.cache.fetch(assignment.artifact_sha256)
                 step = f"running on {device.udid}"

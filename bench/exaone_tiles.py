@@ -3,7 +3,8 @@ repeat_kv, 0 folded.
 
 Builds both attention layouts at context 4096 with random weights (each in its own process, so
 the peak RSS printed is that build's), prints what the graph analysis finds, and exits non-zero
-if the tile counts are not the expected ones. Takes several minutes and ~10 GB of RAM per build.
+if the tile counts are not the expected ones. Each build is a ``build_variant`` fp16 build (with
+its finite check), whose time and peak RSS are printed rather than assumed here.
 
     python bench/exaone_tiles.py [--context 4096] [--keep DIR]
 """

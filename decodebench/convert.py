@@ -9,8 +9,11 @@ With a prefill chunk the package is multifunction: ``main`` (decode, the default
 ``prefill``, sharing one copy of the weights.
 
 The pipeline is coremltools' own, with what costs time and changes nothing removed (each measured
-on the full EXAONE shape, see ``bench/build_exaone.py``; ``tests/test_convert.py`` proves the
-result identical to plain ``ct.convert`` + ``ct.optimize.coreml``):
+on the full EXAONE shape, see ``bench/build_exaone.py``). ``tests/test_convert.py`` compares the
+result with plain ``ct.convert`` + ``ct.optimize.coreml`` on the same recipe
+(:mod:`decodebench.quant.plain`): fp16 programs are identical op for op; quantized ones have
+byte-equal compressed weights and decode identically, the plain program holding one more
+negative-index guard on the token gather per ``ct.optimize.coreml`` call (see there):
 
 - the trace is not re-run twice to check itself (``check_trace``), ~10 s;
 - ``ct.convert`` runs its own frontend, main and backend pipelines, but validates the program

@@ -184,6 +184,44 @@ def test_with_default_noise_the_run_stays_near_the_roofline(tmp_path: Path, arti
     assert "device offset" in result.timing_model and "stalls 5-20x" in result.timing_model
 
 
+def test_the_driver_times_with_the_profile_the_assignment_carries(
+    tmp_path: Path, artifact: Path
+) -> None:
+    """The server sends its current profile (calibrated) and the build's dispatched ops with
+    the run; the driver's decode time is then that profile's prediction, not the built-in one."""
+    calibrated = IPHONE_17_PRO.model_copy(
+        update={
+            "effective_bandwidth_mb_s": 40_000.0,
+            "dispatch_overhead_us": 5.0,
+            "calibrated_parameters": ("effective_bandwidth_mb_s", "dispatch_overhead_us"),
+            "source": "calibration 7",
+        }  # fmt: skip
+    )
+    assignment = assignment_for(artifact).model_copy(
+        update={"device_profile": calibrated, "dispatch_ops": 2_000}
+    )
+    driver = SimulatedDriver(
+        [SimulatedDevice("sim-test-0", "iphone-17-pro")],
+        tmp_path / "work",
+        timing=TimingParameters(noise_scale=0),
+    )
+    driver.assign(driver.discover()[0], assignment)
+    result = run_on_device(
+        driver, driver.discover()[0], artifact, build_job(assignment), Cancellation(), 60
+    )
+    expected = calibrated.predicted_tok_s(BYTES_PER_TOKEN, 2_000)
+    assert expected < IPHONE_17_PRO.predicted_tok_s(BYTES_PER_TOKEN) * 0.8
+    for prompt in result.prompts:
+        assert prompt.decode_tok_s == pytest.approx(expected, rel=1e-9)
+    assert "calibration 7" in result.timing_model and "2,000" in result.timing_model
+
+    # A profile for another class is refused, not used.
+    other = assignment.model_copy(update={"device_profile": IPHONE_16_PRO, "run_id": 42})
+    driver.assign(driver.discover()[0], other)
+    with pytest.raises(DriverError, match="profile is for iphone-16-pro"):
+        run_on_device(driver, driver.discover()[0], artifact, build_job(other), Cancellation(), 60)
+
+
 def test_iphone_17_pro_is_faster_than_16_pro_by_the_profile_ratio(
     tmp_path: Path, artifact: Path
 ) -> None:

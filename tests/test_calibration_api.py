@@ -205,3 +205,40 @@ def test_profiles_page_shows_what_is_calibrated_and_from_how_many_runs(
 
     sweep_page = api.get(f"/sweeps/{measured['id']}").text
     assert "(calibrated)" in sweep_page
+
+
+def test_simulated_devices_time_with_the_calibrated_profile(
+    api, measured, user_token, agent_token, tmp_path
+) -> None:
+    """After a calibration the run assignment carries the calibrated profile and the build's
+    dispatched ops, and the simulated driver times with them: without noise, its decode speed
+    is the sweep's prediction, so the measured and predicted columns agree."""
+    from agent.drivers.simulated import SimulatedDevice, simulate_run
+    from agent.runner import build_job
+    from decodebench.contracts.protocol import RunAssignment
+    from decodebench.emulated.timing import TimingParameters
+
+    fitted = calibrate(api, user_token)
+    again = api.post("/api/v1/sweeps", json={**SWEEP, "variants": SWEEP["variants"][:1]},
+                     headers=bearer(user_token)).json()  # fmt: skip
+    claim = api.post("/api/v1/agents/claim", json={"device_udid": SIMULATED["udid"]},
+                     headers=bearer(agent_token)).json()["run"]  # fmt: skip
+    assignment = RunAssignment.model_validate(claim)
+    profile = assignment.device_profile
+    assert profile is not None and profile.calibrated
+    assert profile.effective_bandwidth_mb_s == fitted["effective_bandwidth_mb_s"]
+    assert profile.dispatch_overhead_us == fitted["dispatch_overhead_us"]
+    assert assignment.dispatch_ops == VARIANTS["repeat_kv-ctx512-fp16"][1]
+
+    result = simulate_run(
+        build_job(assignment), SimulatedDevice(SIMULATED["udid"], "iphone-17-pro"), 1000,
+        TimingParameters(noise_scale=0), profile, assignment.dispatch_ops,
+    )  # fmt: skip
+    assert f"calibration {fitted['id']}" in result.timing_model
+    upload = api.post(f"/api/v1/runs/{assignment.run_id}/results",
+                      json=result.model_dump(mode="json"), headers=bearer(agent_token))  # fmt: skip
+    assert upload.json()["state"] == "succeeded", upload.text
+    row = api.get(f"/api/v1/sweeps/{again['id']}", headers=bearer(user_token)).json()["results"][0]
+    assert row["prediction_calibrated"]
+    assert row["decode_tok_s_mean"] == pytest.approx(row["predicted_tok_s"], rel=1e-9)
+    assert row["predicted_tok_s"] == pytest.approx(true_tok_s("repeat_kv-ctx512-fp16"), rel=1e-4)

@@ -181,6 +181,35 @@ def test_a_run_installs_pushes_launches_and_pulls(
     assert "no Core ML executed" in result.timing_model
 
 
+def test_the_emulated_phone_times_with_the_profile_the_assignment_carries(
+    fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
+) -> None:
+    """The server's current profile (here a calibrated one at half the built-in bandwidth, with
+    a per-op overhead) and the build's dispatched ops reach the emulated phone's clock."""
+    fleet.add("iphone-17-pro", timing=TimingParameters(noise_scale=0))
+    driver = make_driver()
+    device = driver.discover()[0]
+    build = builds["folded"]
+    calibrated = IPHONE_17_PRO.model_copy(
+        update={"effective_bandwidth_mb_s": IPHONE_17_PRO.effective_bandwidth_mb_s / 2,
+                "dispatch_overhead_us": 3.0, "source": "calibration 9",
+                "calibrated_parameters": ("effective_bandwidth_mb_s", "dispatch_overhead_us")}
+    )  # fmt: skip
+    sent = assignment(build, device, prompts=1).model_copy(
+        update={"device_profile": calibrated, "dispatch_ops": 500}
+    )
+    driver.assign(device, sent)
+    job = build_job(sent, device)
+    result = run_on_device(driver, device, build.artifact, job, Cancellation(), timeout_s=60)
+    expected_ms = 1000 * calibrated.seconds_per_token(build.bytes_per_token, 500)
+    assert expected_ms > 2 * 1000 / IPHONE_17_PRO.predicted_tok_s(build.bytes_per_token)
+    for prompt in result.prompts:
+        assert all(
+            0.96 * expected_ms <= ms <= 1.04 * expected_ms for ms in prompt.token_latencies_ms
+        )
+    assert "calibration 9" in result.timing_model and "500" in result.timing_model
+
+
 def test_a_pushed_model_is_reused_and_old_ones_are_evicted(
     fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
 ) -> None:

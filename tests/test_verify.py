@@ -17,7 +17,7 @@ from decodebench.cli import main
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.mil.inputs import InputMapping, recognise, step_feed
 from decodebench.mil.interpreter import Interpreter
-from decodebench.mil.program import MilError, quiet_coremltools
+from decodebench.mil.program import MilError, load_package, quiet_coremltools
 from decodebench.presets import TINY_GQA
 
 pytestmark = pytest.mark.slow
@@ -46,6 +46,17 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         renamed = ct.models.MLModel(spec, weights_dir=model.weights_dir, skip_model_load=True)
         paths["renamed"] = root / "renamed.mlpackage"
         renamed.save(str(paths["renamed"]))
+        # Names that lie (the token called "position" and the other way round), in swapped order.
+        spec = model.get_spec()
+        for old, new in (("input_ids", "t"), ("position", "input_ids"), ("t", "position")):
+            ct.utils.rename_feature(spec, old, new)
+        for inputs in (spec.description.input, spec.mlProgram.functions["main"].inputs):
+            listed = list(inputs)
+            del inputs[:]
+            inputs.extend([listed[1], listed[0], *listed[2:]])
+        swapped = ct.models.MLModel(spec, weights_dir=model.weights_dir, skip_model_load=True)
+        paths["swapped"] = root / "swapped.mlpackage"
+        swapped.save(str(paths["swapped"]))
     return paths
 
 
@@ -110,11 +121,30 @@ def test_verify_errors_exit_2(packages, capsys, tmp_path: Path) -> None:  # noqa
     assert code == 2 and "--prompt must be comma-separated integers" in err
 
 
-def test_unrecognisable_inputs_need_a_mapping_file(packages, capsys, tmp_path: Path) -> None:  # noqa: ANN001
-    code, _, err = run_cli(capsys, "verify", str(packages["folded"]), str(packages["renamed"]))
-    assert code == 2
-    assert "cannot tell which input is the token (candidates: tok, step_index)" in err
+def test_inputs_are_recognised_by_their_dataflow(packages, capsys, tmp_path: Path) -> None:  # noqa: ANN001
+    """Uninformative names (tok, step_index: both int32 [1]), and names that lie in swapped
+    order: the token is the input indexing the vocabulary-sized embedding, whatever its name."""
+    for name, token, position, mask in (
+        ("renamed", "tok", "step_index", "bias"),
+        ("swapped", "position", "input_ids", "causal_mask"),
+    ):
+        code, out, _ = run_cli(
+            capsys, "verify", str(packages["folded"]), str(packages[name]), "--json"
+        )
+        result = json.loads(out)
+        assert code == 0, result
+        interface = result["interface_b"]
+        assert (interface["token"], interface["position"], interface["mask"]) == (
+            token,
+            position,
+            mask,
+        )
+        assert result["max_abs_diff"] == 0.0
+    with quiet_coremltools():
+        interpreter = Interpreter(load_package(packages["swapped"]).program)
+    assert list(interpreter.inputs)[:2] == ["input_ids", "position"]
 
+    # A mapping file still overrides, and its mistakes are reported.
     mapping = tmp_path / "inputs.json"
     mapping.write_text(json.dumps({"b": {"token": "tok", "position": "step_index"}}))
     code, out, _ = run_cli(
@@ -128,7 +158,7 @@ def test_unrecognisable_inputs_need_a_mapping_file(packages, capsys, tmp_path: P
     )
     result = json.loads(out)
     assert code == 0
-    assert result["interface_b"]["mask"] == "bias"  # found by shape: its last axis is the cache
+    assert result["interface_b"]["mask"] == "bias"
     assert result["max_abs_diff"] == 0.0
 
     mapping.write_text(json.dumps({"token": "nope"}))
@@ -204,3 +234,65 @@ def test_recognises_a_binary_mask_and_other_names() -> None:
         step_feed(interpreter, interface, token=5, position=16)
     forced = recognise(interpreter, InputMapping(token="cache_position", position="tokens"))
     assert (forced.token, forced.position) == ("cache_position", "tokens")
+
+
+def test_a_graph_ambiguous_about_the_token_asks_for_a_mapping() -> None:
+    """Two integer inputs that both index the vocabulary-sized table: the graph cannot say
+    which is the token, so recognition asks for a mapping, and the mapping settles it."""
+
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec((1,), types.int32),
+            mb.TensorSpec((1,), types.int32),
+            mb.StateTensorSpec((1, 2, 16, 4), types.fp16),
+        ],
+        opset_version=ct.target.iOS18,
+    )
+    def step(a, b, keys):
+        table = np.arange(32 * 4, dtype=np.float16).reshape(32, 4)
+        rows = mb.add(
+            x=mb.gather(x=table, indices=a, axis=0), y=mb.gather(x=table, indices=b, axis=0)
+        )
+        cache = mb.reduce_sum(x=mb.read_state(input=keys), axes=[0, 1, 2])
+        return mb.linear(x=mb.add(x=rows, y=cache), weight=table)
+
+    interpreter = Interpreter(step)
+    with pytest.raises(MilError, match=r"ambiguous, 2 inputs act as the token \(a indexes"):
+        recognise(interpreter, program="p")
+    interface = recognise(interpreter, InputMapping(token="b"))
+    assert (interface.token, interface.position, interface.vocab) == ("b", "a", 32)
+
+
+def test_a_position_table_as_long_as_the_vocabulary_is_not_a_token() -> None:
+    """Context equal to the vocabulary: both inputs index a table with vocabulary-many rows, but
+    only one of them writes the KV cache, so that one is the position."""
+
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec((1,), types.int32),
+            mb.TensorSpec((1,), types.int32),
+            mb.StateTensorSpec((1, 1, 16, 4), types.fp16),
+        ],
+        opset_version=ct.target.iOS18,
+    )
+    def step(p, t, keys):
+        embed = np.arange(16 * 4, dtype=np.float16).reshape(16, 4)
+        rope = np.ones((16, 4), dtype=np.float16)
+        row = mb.mul(
+            x=mb.gather(x=embed, indices=t, axis=0), y=mb.gather(x=rope, indices=p, axis=0)
+        )
+        begin = mb.concat(values=[[0, 0], p, [0]], axis=0)
+        end = mb.concat(values=[[1, 1], mb.add(x=p, y=1), [4]], axis=0)
+        cache = mb.slice_update(x=mb.read_state(input=keys), update=mb.reshape(x=row, shape=[1, 1, 1, 4]),
+                                begin=begin, end=end)  # fmt: skip
+        written = mb.coreml_update_state(state=keys, value=cache)
+        summed = mb.reduce_sum(x=written, axes=[0, 1, 2])
+        return mb.linear(x=mb.expand_dims(x=summed, axes=[0]), weight=embed)
+
+    interface = recognise(Interpreter(step))
+    assert (interface.token, interface.position, interface.vocab, interface.context) == (
+        "t",
+        "p",
+        16,
+        16,
+    )

@@ -16,6 +16,7 @@ from typing import Any
 from agent.drivers.launchers import DvtLauncher
 from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
 from decodebench.contracts.names import Driver
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
 from decodebench.emulated.ddi import write_ddi_folder
 from decodebench.emulated.fleet import EmulatedFleet
 from decodebench.emulated.ipa import make_harness_ipa
@@ -44,6 +45,17 @@ class EmulatedDriver(Pymobiledevice3Driver):
         self.fleet = fleet
         self.owns_fleet = owns_fleet
         super().__init__(options, DvtLauncher(options.tunneld_address))
+
+    def assign(self, device: DeviceInfo, assignment: RunAssignment) -> None:
+        """Hand the emulated phone what the server sent with the run for its timing: the
+        class's current profile (calibrated, after a calibration) and the build's dispatched
+        ops, as the simulated driver does."""
+        for emulated in self.fleet.devices:
+            if emulated.udid == device.udid:
+                emulated.assigned_timing[assignment.run_id] = (
+                    assignment.device_profile,
+                    assignment.dispatch_ops,
+                )
 
     def close(self) -> None:
         super().close()

@@ -7,7 +7,9 @@ and every result says so (`simulated=True`, `driver="simulated"`, `timing_model`
 The model (decodebench.emulated.timing, docs/noise-model.md), seeded by (run id, device UDID)
 so a run reproduces exactly:
 
-- decode latency per token = bytes_per_token / effective bandwidth of the device profile, times
+- decode latency per token = bytes_per_token / effective bandwidth of the device profile (the
+  class's current profile as the server sends it with the run: after a calibration, the same
+  calibrated figures the predictions use; the built-in one otherwise), times
   the profile's noise: a device offset (per UDID), a run offset, a thermal slow-down growing over
   the run's sustained work towards the slow-down of the device's thermal state, per-token
   log-normal jitter and rare stalls (a token 5-20x slower); `TimingParameters.noise_scale`
@@ -36,7 +38,13 @@ from agent.drivers.base import (
 )
 from decodebench.client import file_sha256
 from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, Driver
-from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
+from decodebench.contracts.protocol import (
+    DeviceInfo,
+    PromptResult,
+    RunAssignment,
+    RunResult,
+    ThermalState,
+)
 from decodebench.emulated.timing import (
     RunNoise,
     TimingParameters,
@@ -58,13 +66,24 @@ class SimulatedDevice:
 
 
 def describe_timing_model(
-    profile: DeviceProfile, bytes_per_token: int, timing: TimingParameters, noise: RunNoise
+    profile: DeviceProfile,
+    bytes_per_token: int,
+    timing: TimingParameters,
+    noise: RunNoise,
+    dispatch_ops: int = 0,
 ) -> str:
-    latency_ms = decode_latency_s(profile, bytes_per_token) * 1000
+    latency_ms = decode_latency_s(profile, bytes_per_token, dispatch_ops) * 1000
+    overhead = (
+        f" + dispatched ops ({dispatch_ops:,}) x per-op overhead "
+        f"({profile.dispatch_overhead_us:g} us)"
+        if profile.dispatch_overhead_us > 0 and dispatch_ops > 0
+        else ""
+    )
     return (
         f"simulated roofline, no model executed: decode latency per token = bytes_per_token "
         f"({bytes_per_token:,} B) / effective bandwidth ({profile.effective_bandwidth_mb_s:,.1f} "
-        f"MB/s, {profile.device_class} profile: {profile.source}) = {latency_ms:.4f} ms, times "
+        f"MB/s){overhead}, {profile.device_class} profile: {profile.source} = {latency_ms:.4f} "
+        "ms, times "
         f"{noise.describe()}, seeded by (run, device, prompt); prefill per prompt token = decode "
         f"latency / {timing.prefill_parallelism:g}; load cold = {timing.cold_load_fixed_ms:g} ms "
         f"+ package bytes / {timing.cold_load_bytes_s / 1e6:g} MB/s, warm = "
@@ -78,10 +97,21 @@ def simulate_run(
     device: SimulatedDevice,
     package_bytes: int,
     timing: TimingParameters | None = None,
+    profile: DeviceProfile | None = None,
+    dispatch_ops: int = 0,
 ) -> RunResult:
-    """The results.json a harness on this device would write, from the stated timing model."""
+    """The results.json a harness on this device would write, from the stated timing model.
+
+    ``profile`` is the device class's current profile as the server sent it with the run (the
+    calibrated one after a calibration), so the simulated timing and the predictions use the
+    same figures; without one, the built-in profile."""
     timing = timing or TimingParameters()
-    profile = get_profile(device.device_class)
+    if profile is not None and profile.device_class != device.device_class:
+        raise DriverError(
+            f"run {job.run_id}: the assignment's profile is for {profile.device_class}, "
+            f"the device is a {device.device_class}"
+        )
+    profile = profile or get_profile(device.device_class)
     if job.bytes_per_token <= 0:
         raise DriverError(
             f"run {job.run_id}: bytes_per_token is {job.bytes_per_token}; the simulated device "
@@ -96,6 +126,7 @@ def simulate_run(
         [len(prompt.token_ids) for prompt in job.prompts],
         job.decode_tokens,
         device.thermal_state.value,
+        dispatch_ops,
     )
     prompts = []
     for prompt, prefill_s, latencies in zip(
@@ -126,7 +157,9 @@ def simulate_run(
         peak_memory_bytes=timing.peak_memory_bytes(package_bytes),
         thermal_state_start=device.thermal_state,
         thermal_state_end=device.thermal_state,
-        timing_model=describe_timing_model(profile, job.bytes_per_token, timing, run.noise),
+        timing_model=describe_timing_model(
+            profile, job.bytes_per_token, timing, run.noise, dispatch_ops
+        ),
         prompts=prompts,
     )
 
@@ -189,6 +222,17 @@ class SimulatedDriver:
             for device in devices
         }
         self._lock = threading.Lock()
+        self._assigned: dict[int, tuple[DeviceProfile | None, int]] = {}
+
+    def assign(self, device: DeviceInfo, assignment: RunAssignment) -> None:
+        """Keep what the server sent with the run for its timing: the device class's current
+        profile (calibrated, after a calibration) and the build's dispatched ops, so the
+        simulated decode time is the prediction's own formula with the prediction's figures."""
+        with self._lock:
+            self._assigned[assignment.run_id] = (
+                assignment.device_profile,
+                assignment.dispatch_ops,
+            )
 
     def discover(self) -> list[DeviceInfo]:
         return [
@@ -254,8 +298,10 @@ class SimulatedDriver:
                 f"device {device.udid}: artifact {job.artifact_sha256[:12]} not installed"
             )
         pushed = HarnessJob.model_validate_json((state.documents / JOB_FILE).read_text())
+        with self._lock:
+            profile, dispatch_ops = self._assigned.pop(pushed.run_id, (None, 0))
         result = simulate_run(
-            pushed, state.device, state.installed.package_bytes, timing=self.timing
+            pushed, state.device, state.installed.package_bytes, self.timing, profile, dispatch_ops
         )
         partial = state.documents / (RESULTS_FILE + ".partial")
         partial.write_text(result.model_dump_json())
@@ -289,4 +335,6 @@ class SimulatedDriver:
         return "\n".join(self._state(device).log_lines)
 
     def cleanup(self, device: DeviceInfo, job: HarnessJob) -> None:
+        with self._lock:
+            self._assigned.pop(job.run_id, None)
         shutil.rmtree(self._state(device).documents, ignore_errors=True)

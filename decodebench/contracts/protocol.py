@@ -15,6 +15,7 @@ from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import Driver
+from decodebench.profiles import DeviceProfile
 
 PROTOCOL_VERSION = 1
 # No phone decodes a billion tokens a second: a rate above this is a corrupt figure, and two of
@@ -118,6 +119,14 @@ class RunAssignment(Contract):
     )
     prompt_token_ids: list[list[int]] | None = Field(
         default=None, description="Token ids through the model's tokenizer and chat template"
+    )
+    dispatch_ops: int = Field(
+        default=0, ge=0, description="Dispatched ops per decoded token (analysis)"
+    )
+    device_profile: DeviceProfile | None = Field(
+        default=None,
+        description="The device class's profile as the server's predictions use it (calibrated "
+        "when a calibration is in force): simulated devices time the run with it",
     )
 
 

@@ -203,7 +203,10 @@ def run_harness(
     say(f"run {job.run_id}: compiling {job.package_path} ({package_bytes:,} bytes)")
     if device.faults.take(FaultKind.app_crash):
         raise AppCrashed("EXC_BAD_ACCESS (SIGSEGV) while loading the model")
+    assigned, dispatch_ops = device.assigned_timing.pop(job.run_id, (None, 0))
     profile = get_profile(device.identity.device_class)
+    if assigned is not None and assigned.device_class == profile.device_class:
+        profile = assigned  # the server's current (calibrated) profile, as predictions use
     timing = device.timing
     try:
         tokens = token_source(device, job, package, package_bytes, say)
@@ -215,7 +218,12 @@ def run_harness(
         # The run's thermal slow-down starts from the state it starts in (read once, above).
         noise = RunNoise.for_run(profile, timing, device.udid, job.run_id, thermal_start.value)
         clock = RooflineClock(
-            profile, job.bytes_per_token, noise, prompt_seed(job.run_id, device.udid, 0), tokens
+            profile,
+            job.bytes_per_token,
+            noise,
+            prompt_seed(job.run_id, device.udid, 0),
+            tokens,
+            dispatch_ops,
         )
         say(f"run {job.run_id}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
         if tokens is not None:
@@ -248,7 +256,9 @@ def run_harness(
         prompt_thermal_states=observer.thermal_samples,
         thermal_state_start=thermal_start,
         thermal_state_end=condition.thermal_state,
-        timing_model=describe_emulated_timing(profile, job.bytes_per_token, timing, noise, tokens)
+        timing_model=describe_emulated_timing(
+            profile, job.bytes_per_token, timing, noise, tokens, dispatch_ops
+        )
         + f"; {footprint.describe()}",
         prompts=prompts,
     )
@@ -314,14 +324,21 @@ def describe_emulated_timing(
     timing: TimingParameters,
     noise: RunNoise,
     tokens: TokenSource | None,
+    dispatch_ops: int = 0,
 ) -> str:
-    latency_ms = 1000 / profile.predicted_tok_s(bytes_per_token)
+    latency_ms = 1000 * profile.seconds_per_token(bytes_per_token, dispatch_ops)
+    overhead = (
+        f" + dispatched ops ({dispatch_ops:,}) x per-op overhead "
+        f"({profile.dispatch_overhead_us:g} us)"
+        if profile.dispatch_overhead_us > 0 and dispatch_ops > 0
+        else ""
+    )
     tokens_from = f"greedy tokens from {tokens.source}" if tokens is not None else "no token ids"
     return (
         f"emulated iPhone (fake usbmuxd, lockdown, installation_proxy, house_arrest/AFC; no Core "
         f"ML executed): every model step = bytes_per_token ({bytes_per_token:,} B) / effective "
-        f"bandwidth ({profile.effective_bandwidth_mb_s:,.1f} MB/s, {profile.device_class} profile: "
-        f"{profile.source}) = {latency_ms:.4f} ms, times {noise.describe()}, seeded by (run, "
+        f"bandwidth ({profile.effective_bandwidth_mb_s:,.1f} MB/s){overhead}, "
+        f"{profile.device_class} profile: {profile.source} = {latency_ms:.4f} ms, times {noise.describe()}, seeded by (run, "
         f"device); prefill steps "
         f"the prompt one token at a time, as the converted model does; load cold = "
         f"{timing.cold_load_fixed_ms:g} ms + package bytes / {timing.cold_load_bytes_s / 1e6:g} "

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from decodebench.emulated.faults import Condition, FaultKind, FaultPlan
 from decodebench.emulated.pairing import DeviceKeys, HostIdentity, pair_record
 from decodebench.emulated.timing import TimingParameters
-from decodebench.profiles import get_profile
+from decodebench.profiles import DeviceProfile, get_profile
 
 if TYPE_CHECKING:
     from decodebench.emulated.tunnel import DeviceTunnel
@@ -170,6 +170,8 @@ class EmulatedDevice:
         self.push_bytes_before_disconnect = push_bytes_before_disconnect
         self.reattach_after_s = reattach_after_s
         self.slow_s = slow_s
+        # Per run id: the profile and dispatched ops the server sent with the run (agent side).
+        self.assigned_timing: dict[int, tuple[DeviceProfile | None, int]] = {}
         self.keys = DeviceKeys.generate(host)
         self.pair_record = pair_record(host, self.keys, identity.wifi_mac)
         self.media = root / "Media"

@@ -55,8 +55,9 @@ class TimingParameters:
         return package_bytes + self.runtime_overhead_bytes
 
 
-def decode_latency_s(profile: DeviceProfile, bytes_per_token: int) -> float:
-    return 1.0 / profile.predicted_tok_s(bytes_per_token)
+def decode_latency_s(profile: DeviceProfile, bytes_per_token: int, dispatch_ops: int = 0) -> float:
+    """The roofline's seconds per token, the very formula predictions use."""
+    return profile.seconds_per_token(bytes_per_token, dispatch_ops)
 
 
 def _seed(*parts: object) -> int:
@@ -152,6 +153,7 @@ def simulate_decode(
     prompt_tokens: Sequence[int],
     decode_tokens: int,
     thermal_state: str = "nominal",
+    dispatch_ops: int = 0,
 ) -> SimulatedRun:
     """Prefill and per-token decode times of one run of the decode sweep, prompt after prompt.
 
@@ -162,7 +164,7 @@ def simulate_decode(
         raise ValueError(f"bytes_per_token is {bytes_per_token}; the roofline needs it > 0")
     if decode_tokens < 1 or not prompt_tokens:
         raise ValueError("a run needs at least one prompt and one decode token")
-    base_s = decode_latency_s(profile, bytes_per_token)
+    base_s = decode_latency_s(profile, bytes_per_token, dispatch_ops)
     noise = RunNoise.for_run(profile, timing, udid, run_id, thermal_state)
     prefill = np.asarray(prompt_tokens, dtype=float) * base_s / timing.prefill_parallelism
     nominal = np.column_stack([prefill, np.full((len(prefill), decode_tokens), base_s)])
@@ -186,10 +188,11 @@ class RooflineClock:
         noise: RunNoise,
         seed: int,
         tokens: TokenSource | None = None,
+        dispatch_ops: int = 0,
     ) -> None:
         if bytes_per_token <= 0:
             raise ValueError(f"bytes_per_token is {bytes_per_token}; the roofline needs it > 0")
-        self._latency_s = decode_latency_s(profile, bytes_per_token)
+        self._latency_s = decode_latency_s(profile, bytes_per_token, dispatch_ops)
         self._noise = noise
         self._rng = np.random.default_rng(seed)
         self._tokens = tokens

@@ -2,10 +2,14 @@
 causal mask, which output holds the logits, and how long the context is.
 
 Programs the project builds use ``input_ids`` [1, 1], ``position`` [1], ``causal_mask``
-[1, 1, 1, ctx] and ``logits``; converted third-party programs use other names and shapes. An
-input is recognised by name first (``ids``/``token``, ``pos``/``position``, ``mask``), then by
-dtype and shape (one integer element, a last axis as long as the KV cache). When that is
-ambiguous the user passes a mapping file::
+[1, 1, 1, ctx] and ``logits``; converted third-party programs use other names, shapes and orders.
+Each input's role is read from the dataflow first (:mod:`decodebench.mil.roles`: the token
+indexes the vocabulary-sized embedding, the position the cache write, RoPE table or mask
+construction, the mask meets the attention scores). An input the dataflow says nothing about
+is recognised by name (``ids``/``token``, ``pos``/``position``, ``mask``), then by dtype and
+shape (one integer element, a last axis as long as the KV cache). Only when the graph itself is
+ambiguous (two inputs feed the embedding, say) or nothing decides, the user passes a mapping
+file::
 
     {"token": "tok", "position": "pos", "mask": "attn_bias", "mask_kind": "additive",
      "logits": "out", "b": {"token": "input_ids"}}
@@ -27,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from decodebench.mil.interpreter import Interpreter, TensorSpec
 from decodebench.mil.program import MilError
+from decodebench.mil.roles import Evidence, infer_roles
 
 TOKEN_NAME = re.compile(r"(^|_)(input_?ids|ids|tokens?|token_ids?)($|_)", re.IGNORECASE)
 POSITION_NAME = re.compile(r"(pos|position|positions|cache_position|step|offset)", re.IGNORECASE)
@@ -109,6 +114,20 @@ def _pick(
     )
 
 
+def _by_dataflow(
+    role: str, evidence: dict[str, Evidence], taken: set[str], program: str
+) -> str | None:
+    """The one input whose dataflow shows ``role``; an error if several do."""
+    shown = [name for name, found in evidence.items() if name not in taken and getattr(found, role)]
+    if len(shown) > 1:
+        why = "; ".join(f"{name} {getattr(evidence[name], role)[0]}" for name in shown)
+        raise MilError(
+            f"{program}: the graph is ambiguous, {len(shown)} inputs act as the {role} ({why}); "
+            "name it in an --inputs mapping file"
+        )
+    return shown[0] if shown else None
+
+
 def _named(interpreter: Interpreter, name: str, role: str, program: str) -> TensorSpec:
     if name not in interpreter.inputs:
         known = ", ".join(interpreter.inputs) or "none"
@@ -128,9 +147,14 @@ def recognise(
         )
     context = _context_from_states(interpreter)
     specs = list(interpreter.inputs.values())
+    logits = _logits(interpreter, mapping, program)
+    evidence = infer_roles(interpreter.function, logits.shape[-1], context)
+    mapped = {name for name in (mapping.token, mapping.position, mapping.mask) if name}
 
     if mapping.token:
         token = _named(interpreter, mapping.token, "token", program)
+    elif flowing := _by_dataflow("token", evidence, mapped, program):
+        token = interpreter.inputs[flowing]
     else:
         ints = [spec for spec in specs if _is_int(spec) and _size(spec) == 1]
         picked = _pick("token", ints, TOKEN_NAME, program)
@@ -138,16 +162,22 @@ def recognise(
             raise MilError(f"{program}: no input looks like a token id (one integer element)")
         token = picked
     rest = [spec for spec in specs if spec.name != token.name]
+    taken = mapped | {token.name}
 
     if mapping.position:
         position: TensorSpec | None = _named(interpreter, mapping.position, "position", program)
+    elif flowing := _by_dataflow("position", evidence, taken, program):
+        position = interpreter.inputs[flowing]
     else:
         ints = [spec for spec in rest if _is_int(spec) and _size(spec) == 1]
         position = _pick("position", ints, POSITION_NAME, program)
     rest = [spec for spec in rest if position is None or spec.name != position.name]
+    taken |= {position.name} if position else set()
 
     if mapping.mask:
         mask: TensorSpec | None = _named(interpreter, mapping.mask, "mask", program)
+    elif flowing := _by_dataflow("mask", evidence, taken, program):
+        mask = interpreter.inputs[flowing]
     else:
         masks = [spec for spec in rest if spec.shape and spec.shape[-1] == context]
         mask = _pick("causal mask", masks, MASK_NAME, program)
@@ -166,7 +196,6 @@ def recognise(
     mask_kind = mapping.mask_kind or (
         "binary" if mask is not None and mask.dtype.kind in "biu" else "additive"
     )
-    logits = _logits(interpreter, mapping, program)
     return DecodeInterface(
         token=token.name,
         position=None if position is None else position.name,

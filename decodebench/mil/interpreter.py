@@ -116,6 +116,11 @@ class Interpreter:
         self._wide_constants: dict[int, np.ndarray] = {}
         self._wide_bytes = 0
 
+    @property
+    def function(self) -> Any:
+        """The pymil function this interpreter runs (for reading its dataflow)."""
+        return self._function
+
     def _check_supported(self) -> None:
         for index, op in enumerate(self._operations):
             supported = op.op_type == "const" or op.op_type in STATE_OPS or op.op_type in KERNELS

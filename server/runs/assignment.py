@@ -11,6 +11,7 @@ from decodebench.contracts.protocol import RunAssignment
 from server.builds.views import report_of
 from server.config import Settings
 from server.models import Build, Run, Sweep
+from server.profiles.service import current_profiles
 from server.runs import service as runs
 from server.runs.prompts import prompts_of
 
@@ -37,10 +38,13 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         artifact_sha256=build.artifact_sha256,
         artifact_url=f"{settings.public_url}/api/v1/artifacts/{build.artifact_sha256}",
         bytes_per_token=report.analysis.bytes_per_token.total,
+        dispatch_ops=report.analysis.dispatch_ops,
         vocab_size=report.config.vocab_size,
         lease_expires_at=run.lease_expires_at.isoformat(),
         lease_seconds=settings.lease_seconds,
         **prompts_of(SweepSpec.model_validate(sweep.spec), report)._asdict(),
+        # What predictions use, so a simulated device times the run with the same figures.
+        device_profile=current_profiles(session).get(run.device_class),
     )
 
 
