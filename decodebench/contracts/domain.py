@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from decodebench.contracts.base import Incoming
+from decodebench.contracts.names import SweepPriority
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
 from decodebench.presets import PRESETS
 from decodebench.profiles import get_profile
@@ -155,6 +156,11 @@ class SweepSpec(Incoming):
         le=10,
         description="Scale of the simulated/emulated devices' timing noise (0: none); "
         "None: the agent's setting. Real devices ignore it",
+    )
+    priority: SweepPriority | None = Field(
+        default=None,
+        description="ci, nightly or adhoc: the sweep's weight when several share devices "
+        "(None: from how it was submitted: a schedule's sweeps are nightly, others adhoc)",
     )
 
     @field_validator("model")

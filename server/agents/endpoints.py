@@ -55,7 +55,9 @@ def claim(body: ClaimRequest, token: AgentToken, session: SessionDep) -> ClaimRe
     agent = service.agent_for_token(session, token)
     settings = get_settings()
     runs.expire_leases(session, settings.max_run_attempts)
-    return ClaimResponse(run=claim_assignment(session, agent.id, body.device_udid, settings))
+    return ClaimResponse(
+        run=claim_assignment(session, agent.id, body.device_udid, settings, body.claim_key)
+    )
 
 
 @router.post("/runs/{run_id}/lease", response_model=LeaseRenewal)
