@@ -231,3 +231,78 @@ def test_a_claim_whose_answer_is_lost_gets_the_same_run_when_retried(stack) -> N
         "SELECT count(*) FROM transitions WHERE entity = 'run' AND reason LIKE 'claimed for %'"
     )
     assert claims == [(1,)]
+
+
+# Wake, don't poll
+
+
+def test_waiting_claims_hold_nothing_and_wake_when_a_run_becomes_claimable(stack) -> None:
+    """60 long-poll claims (more than the server's pool of 8 + 4 connections) wait on a real
+    server process; a build finishing makes its runs claimable and wakes them at once."""
+    import asyncio
+    import time
+
+    tokens = stack.tokens
+    devices = 60
+    with httpx.Client(base_url=stack.server_url, timeout=30) as client:
+        register(client, tokens["agent"], devices)
+        sweep = client.post(
+            "/api/v1/sweeps", json={**SWEEP, "repetitions": 2}, headers=bearer(tokens["user"])
+        ).json()
+
+    async def scenario() -> tuple[list[float], float, list, list]:
+        async with httpx.AsyncClient(
+            base_url=stack.server_url, timeout=30, limits=httpx.Limits(max_connections=None)
+        ) as client:
+
+            async def long_poll(index: int) -> tuple[dict | None, float]:
+                response = await client.post(
+                    "/api/v1/agents/claim",
+                    json={"device_udid": f"SIM-{index:04d}", "wait_seconds": 15},
+                    headers=bearer(tokens["agent"]),
+                )
+                assert response.status_code == 200, response.text
+                return response.json()["run"], time.monotonic()
+
+            polls = [asyncio.create_task(long_poll(i)) for i in range(devices)]
+            # once every claim has looked at the (empty) queue, none holds a connection in a
+            # transaction or a query while it waits (polled: the machine may be loaded)
+            for _ in range(40):
+                await asyncio.sleep(0.25)
+                busy = query(
+                    "SELECT state, count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND state <> 'idle' GROUP BY state"
+                )
+                if not busy:
+                    break
+            assert not any(poll.done() for poll in polls)
+            health_started = time.monotonic()
+            assert (await client.get("/api/v1/health")).status_code == 200
+            health_s = time.monotonic() - health_started
+
+            def finish() -> None:
+                with httpx.Client(base_url=stack.server_url, timeout=30) as sync_client:
+                    finish_builds(sync_client, sweep, tokens["worker"])
+
+            await asyncio.to_thread(finish)
+            ready = time.monotonic()
+            answered = []
+            pending = set(polls)
+            while len(answered) < 4 and pending:
+                done, pending = await asyncio.wait(
+                    pending, timeout=10, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+                answered += [poll.result() for poll in done if poll.result()[0] is not None]
+            for poll in pending:  # the others would wait out their 15 s
+                poll.cancel()
+            return [at - ready for _, at in answered], health_s, busy, [run for run, _ in answered]
+
+    pickups, health_s, busy, runs = asyncio.run(scenario())
+    assert busy == []  # no connection is in a transaction or a query while claims wait
+    assert health_s < 1.0
+    # the sweep has 4 runs: 4 devices got one within a second, not at the next poll
+    assert len(pickups) == 4 and max(pickups) < 1.0, pickups
+    assert len({run["run_id"] for run in runs if run}) == 4
