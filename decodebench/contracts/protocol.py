@@ -83,7 +83,7 @@ class Heartbeat(Incoming):
     devices: list[DeviceInfo] = Field(default_factory=list)
 
 
-MAX_CLAIM_WAIT_S = 30
+MAX_CLAIM_WAIT_S = 60
 CLAIM_KEY_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
 
 

@@ -81,24 +81,31 @@ async def _claim(body: ClaimRequest, request: Request) -> ClaimResponse:
     wakeups = claim_wakeups(settings.database_url)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_seconds
-    while True:
-        mark = wakeups.received
-        assignment, device_class = await _look(request, body)
-        remaining_s = deadline - loop.time()
-        if assignment is not None or remaining_s <= 0:
-            return ClaimResponse(run=assignment)
-        if wakeups.notified_since(device_class, mark):
-            continue  # a run became claimable while we looked: look again
-        woken = wakeups.wait_for(device_class)
-        poll_s = remaining_s if wakeups.listening else settings.claim_fallback_poll_s
-        try:
-            await asyncio.wait_for(asyncio.shield(woken), timeout=min(remaining_s, poll_s))
-        except TimeoutError:
-            pass
-        finally:
-            wakeups.forget(device_class, woken)
-        if loop.time() >= deadline and not woken.done():
-            return ClaimResponse(run=None)
+    # The body has been read: the next message is the client going away. A claim nobody
+    # waits for any more ends there (its agent stopped, or gave up and will claim anew).
+    gone: asyncio.Future[object] = asyncio.ensure_future(request.receive())
+    try:
+        while True:
+            mark = wakeups.received
+            assignment, device_class = await _look(request, body)
+            remaining_s = deadline - loop.time()
+            if assignment is not None or remaining_s <= 0 or gone.done():
+                return ClaimResponse(run=assignment)
+            if wakeups.notified_since(device_class, mark):
+                continue  # a run became claimable while we looked: look again
+            woken: asyncio.Future[object] = wakeups.wait_for(device_class)
+            poll_s = remaining_s if wakeups.listening else settings.claim_fallback_poll_s
+            try:
+                awaited: set[asyncio.Future[object]] = {woken, gone}
+                await asyncio.wait(
+                    awaited, timeout=min(remaining_s, poll_s), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                wakeups.forget(device_class, woken)
+            if gone.done() or (loop.time() >= deadline and not woken.done()):
+                return ClaimResponse(run=None)
+    finally:
+        gone.cancel()
 
 
 async def _look(request: Request, body: ClaimRequest) -> tuple[RunAssignment | None, str]:

@@ -37,7 +37,7 @@ def psycopg_conninfo(database_url: str) -> str:
 class ClaimWakeups:
     def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = defaultdict(deque)
+        self._waiters: dict[str, deque[asyncio.Future[object]]] = defaultdict(deque)
         # Notifications counted per class, so a claim can tell one arrived while it was
         # looking at the queue (before it waited) and look again instead of missing it.
         self.received = 0
@@ -53,12 +53,12 @@ class ClaimWakeups:
     def notified_since(self, device_class: str, mark: int) -> bool:
         return self._last_for_class.get(device_class, -1) > mark
 
-    def wait_for(self, device_class: str) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = self.loop.create_future()
+    def wait_for(self, device_class: str) -> asyncio.Future[object]:
+        future: asyncio.Future[object] = self.loop.create_future()
         self._waiters[device_class].append(future)
         return future
 
-    def forget(self, device_class: str, future: asyncio.Future[None]) -> None:
+    def forget(self, device_class: str, future: asyncio.Future[object]) -> None:
         waiters = self._waiters.get(device_class)
         if waiters is not None:
             try:
