@@ -34,6 +34,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -243,6 +245,16 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
                   " BETWEEN %(t0)s AND %(t1)s ORDER BY started_at", t0=t0, t1=t1)]  # fmt: skip
         gaps = [(b - a).total_seconds() for a, b in zip([t0, *starts], [*starts, t1], strict=True)]
     finally:
+        # agents first: a server stopping under their long polls would only log their retries
+        for name, process in list(stack.processes.items()):
+            if name.startswith("agent-") and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for name, process in list(stack.processes.items()):
+            if name.startswith("agent-"):
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
         stack.stop()
     claims, problems = [], []
     for log in sorted(var_dir.glob("*.log")):

@@ -77,6 +77,12 @@ def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
 
     def settle(follow_up: Session) -> None:
         state = follow_up.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
+        if state == SweepState.running and follow_up.scalar(
+            select(Run.id)
+            .where(Run.sweep_id == sweep_id, Run.state.not_in(list(TERMINAL_RUN_STATES)))
+            .limit(1)
+        ):
+            return  # a run is left, so it stays running: no need to read all of its runs
         if state is not None and _sweep_target(follow_up, sweep_id)[0] != state:
             refresh_sweep_state(follow_up, sweep_id)
 
