@@ -84,7 +84,8 @@ def time_scale_for(run_seconds: float) -> float:
 
     assignment = RunAssignment(
         run_id=1, sweep_id=1, build_id=1, model="tiny-gqa",
-        variant=VariantSpec(attention="folded", context=512), variant_label="v",
+        variant=VariantSpec.model_validate({"attention": "folded", "context": 512}),
+        variant_label="v",
         device_class=DEVICE_CLASS, prompts=PROMPTS, decode_tokens=DECODE_TOKENS,
         artifact_sha256="0" * 64, artifact_url="", bytes_per_token=BYTES_PER_TOKEN,
         lease_expires_at="", lease_seconds=120,
@@ -230,7 +231,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
         machine = psutil.cpu_times()
         machine_busy = sum(getattr(machine, f) - getattr(machine_before, f)
                            for f in ("user", "system", "nice", "irq", "softirq"))  # fmt: skip
-        window_s = (t1 - t0).total_seconds()
+        window_s = max((t1 - t0).total_seconds(), 1e-3)
         time.sleep(args.run_seconds * 2)  # the last runs finish
         run_s, finished = sql(
             url,
@@ -266,7 +267,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
                 problems.append(f"{log.stem}: {line[:200]}")
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    return {
+    figures = {
         "runs_per_s": round(finished / window_s, 2),
         "utilisation": round(float(run_s) / (devices * window_s), 3),
         "claim_p99_ms": percentile(claims, 0.99),
@@ -284,6 +285,19 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
         "machine_cpu_percent": round(machine_busy / window_s / psutil.cpu_count() * 100, 1),
         "error_lines": problems[:5],
     }  # fmt: skip
+    if args.busy_seconds == 0:  # idle and first pickup only
+        for name in (
+            "runs_per_s",
+            "utilisation",
+            "claim_p99_ms",
+            "server_cpu_ms_per_run",
+            "window_s",
+            "claim_p50_ms",
+            "longest_claim_gap_s",
+            "machine_cpu_percent",
+        ):
+            figures[name] = None  # fmt: skip
+    return figures
 
 
 def main() -> int:
@@ -294,7 +308,8 @@ def main() -> int:
     parser.add_argument("--pool-size", type=int, default=8, help="connections per process")
     parser.add_argument("--devices-per-agent", type=int, default=100)
     parser.add_argument("--run-seconds", type=float, default=5.0, help="each run sleeps this")
-    parser.add_argument("--busy-seconds", type=float, default=120.0, help="queued work per device")
+    parser.add_argument("--busy-seconds", type=float, default=120.0,
+                        help="queued work per device (0: measure idle cost and first pickup only)")  # fmt: skip
     parser.add_argument("--idle-seconds", type=float, default=20.0)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--pickups", type=int, default=20)
