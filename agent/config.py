@@ -39,6 +39,7 @@ from pydantic_settings.sources.utils import parse_env_vars
 from agent.drivers.simulated import SimulatedDevice
 from agent.health import HealthPolicy
 from decodebench.contracts.names import Driver
+from decodebench.contracts.protocol import MAX_CLAIM_WAIT_S
 from decodebench.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES, get_profile
 
@@ -139,7 +140,16 @@ class AgentSettings(BaseSettings):
         description="seconds a device rests after failing a run (locked, unplugged …); doubles",
     )
     work_dir: Path = Field(default=DEFAULT_WORK_DIR, description="artifacts and logs")
-    poll_interval_s: float = Field(default=2.0, gt=0, description="seconds between claims")
+    poll_interval_s: float = Field(
+        default=2.0, gt=0, description="seconds between claims when not long-polling"
+    )
+    claim_wait_s: int = Field(
+        default=50,
+        ge=0,
+        le=MAX_CLAIM_WAIT_S,
+        description="an idle device's claim waits up to this long on the server, answered as "
+        "soon as a run is claimable (0: poll every --poll-interval; --once polls)",
+    )
     heartbeat_interval_s: float | None = Field(
         default=None, gt=0, description="default: the interval the server asks for"
     )
@@ -232,6 +242,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "health_interval_s": ("--health-interval",),
     "device_hold_s": ("--device-hold",),
     "poll_interval_s": ("--poll-interval",),
+    "claim_wait_s": ("--claim-wait",),
     "heartbeat_interval_s": ("--heartbeat-interval",),
     "run_timeout_s": ("--run-timeout",),
 }

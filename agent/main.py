@@ -1,8 +1,14 @@
 """The agent process: register, heartbeat the inventory, claim and run work for each device.
 
-One thread per device claims and executes that device's runs (one in flight per device); one
-thread heartbeats; the main thread supervises and handles SIGTERM/SIGINT. On shutdown no new
-run is claimed and a run in flight either finishes or fails with "agent shutting down".
+One thread per device claims and executes that device's runs (one in flight per device, and
+nothing shared between devices that one run would hold: the outbox, the artifact cache and the
+HTTP connections serve them concurrently); one thread heartbeats the whole inventory in one
+request, at most every HEARTBEAT_MIN_GAP_S; the main thread supervises and handles
+SIGTERM/SIGINT. An idle device holds a long-poll claim (`--claim-wait`) the server answers as
+soon as a run is claimable; each claim carries a key sent again with its retries, so a claim
+whose answer is lost gets the same run. On shutdown no new run is claimed (one a long poll
+brings back is given back at once) and a run in flight either finishes or fails with "agent
+shutting down".
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -35,7 +42,7 @@ from agent.registration import (
 )
 from agent.runner import RunExecutor, RunOutcome
 from decodebench.client import ApiError, DecodebenchClient
-from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
+from decodebench.contracts.protocol import AgentRegistration, ClaimResponse, DeviceInfo
 
 log = logging.getLogger("agent")
 
@@ -50,6 +57,10 @@ __all__ = [  # the registration helpers stay importable from here
 ]
 
 SUPERVISE_TICK_S = 0.2
+# However many devices change state, the server hears from this agent at most this often.
+HEARTBEAT_MIN_GAP_S = 1.0
+# On shutdown, how long a device thread that is only waiting for work is waited for.
+IDLE_THREAD_JOIN_S = 2.0
 
 
 @dataclass
@@ -133,14 +144,15 @@ class Agent:
         heartbeat.join()
         for slot in slots + list(self._slots.values()):
             if slot.thread is not None:
-                slot.thread.join()
+                # A run in flight finishes or fails; a long-poll claim is not waited out.
+                slot.thread.join(None if slot.current_run is not None else IDLE_THREAD_JOIN_S)
         self._send_heartbeat(status="offline")
         log.info("agent stopped (%s)", self._stop_reason)
         return 0
 
     def _start_device_thread(self, slot: DeviceSlot) -> None:
         slot.thread = threading.Thread(
-            target=self._device_loop, args=(slot,), name=f"device-{slot.info.udid}"
+            target=self._device_loop, args=(slot,), name=f"device-{slot.info.udid}", daemon=True
         )
         slot.thread.start()
 
@@ -225,6 +237,8 @@ class Agent:
             self._inventory_changed.clear()
             if not self.stop.is_set():
                 self._send_heartbeat()
+                # Changes meanwhile go together in the next one.
+                self.stop.wait(min(HEARTBEAT_MIN_GAP_S, interval_s))
 
     def _send_heartbeat(self, status: str | None = None) -> None:
         try:
@@ -281,7 +295,6 @@ class Agent:
 
     def _device_loop(self, slot: DeviceSlot) -> None:
         udid = slot.info.udid
-        failures = 0
         while not self.stop.is_set() and slot.connected:
             info = self._check_health(slot)
             if info.status != READY:
@@ -293,24 +306,24 @@ class Agent:
             # be claimed again, here or elsewhere.
             if not self.executor.outbox.deliver(self.client.upload_results, self.stop):
                 break
-            try:
-                claim = self.client.claim_run(udid)
-            except (ApiError, httpx.HTTPError) as error:
-                failures += 1
-                delay_s = min(self.settings.poll_interval_s * 2**failures, MAX_BACKOFF_S)
-                log.warning("claim for %s failed (%r); retrying in %.0f s", udid, error, delay_s)
-                self.stop.wait(delay_s)
-                continue
-            failures = 0
+            long_poll_s = 0 if self.settings.once else self.settings.claim_wait_s
+            claim = self._claim(udid, long_poll_s)
+            if claim is None:
+                break  # stopping
             if claim.run is None:
                 with self._lock:
                     slot.empty_polls += 1
-                self.stop.wait(self.settings.poll_interval_s)
+                if not long_poll_s:
+                    self.stop.wait(self.settings.poll_interval_s)
                 continue
+            if self.stop.is_set():
+                self._give_back(claim.run.run_id)
+                break
             with self._lock:
                 slot.empty_polls = 0
                 slot.current_run = claim.run.run_id
-            self._inventory_changed.set()
+            # No heartbeat for busy and idle: the server knows from the run itself, and the
+            # next regular heartbeat says so.
             self._touch()
             try:
                 outcome = self.executor.execute(claim.run, info)
@@ -320,13 +333,44 @@ class Agent:
             finally:
                 with self._lock:
                     slot.current_run = None
-                self._inventory_changed.set()
                 self._touch()
         log.info(
             "device %s: no longer serving (%s)",
             udid,
             "stopping" if self.stop.is_set() else "disconnected",
         )
+
+    def _claim(self, udid: str, wait_s: int) -> ClaimResponse | None:
+        """A claim, retried with the same key while its answer does not arrive (so a claim the
+        server granted is not orphaned); None once stopping."""
+        key = uuid.uuid4().hex
+        failures = 0
+        while not self.stop.is_set():
+            sent_at, started = time.time(), time.monotonic()
+            try:
+                claim = self.client.claim_run(udid, claim_key=key, wait_seconds=wait_s)
+                if claim.run is not None:  # bench/scheduler.py reads this line
+                    log.info(
+                        "run %d: claim answered in %.1f ms, sent at %.3f",
+                        claim.run.run_id,
+                        (time.monotonic() - started) * 1000,
+                        sent_at,
+                    )
+                return claim
+            except (ApiError, httpx.HTTPError) as error:
+                failures += 1
+                delay_s = min(self.settings.poll_interval_s * 2**failures, MAX_BACKOFF_S)
+                log.warning("claim for %s failed (%r); retrying in %.0f s", udid, error, delay_s)
+                if not is_transient(error):
+                    key = uuid.uuid4().hex  # refused, not lost: the next claim is a new one
+                self.stop.wait(delay_s)
+        return None
+
+    def _give_back(self, run_id: int) -> None:
+        try:
+            self.client.fail_run(run_id, "agent shutting down", retryable=True)
+        except (ApiError, httpx.HTTPError) as error:
+            log.warning("run %d: could not give it back (%s); its lease will expire", run_id, error)
 
     def _learn(self, slot: DeviceSlot, outcome: RunOutcome) -> None:
         if outcome.result is not None:
@@ -364,7 +408,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ", ".join(f"{d.device_class} {d.udid}" for d in driver.discover()),
         settings.work_dir,
     )
-    with DecodebenchClient(settings.server_url, settings.api_token) as client:
+    devices = len(driver.discover())
+    with DecodebenchClient(
+        settings.server_url,
+        settings.api_token,
+        # A long poll may last claim_wait_s; every device may hold one besides its run's calls.
+        timeout=max(30.0, settings.claim_wait_s + 15.0),
+        max_connections=max(100, 3 * devices + 8),
+    ) as client:
         agent = Agent(settings, client, driver)
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -2,8 +2,11 @@
 
 A run's results are written to the outbox (atomically: a temporary file, fsync'd, renamed, the
 directory fsync'd) before the first upload is tried, so neither a server outage of any length
-nor an agent restart loses a finished run. Entries are delivered in the order they were written;
-uploads are idempotent per (run, prompt) on the server, so delivering one twice stores it once.
+nor an agent restart loses a finished run. Each device's executor delivers its own entry at once
+(entries of different devices go up concurrently: one agent serves many devices); the backlog
+left by an outage is delivered oldest first, by whichever device thread is about to claim, each
+entry by one thread at a time. Uploads are idempotent per (run, prompt) on the server, so
+delivering one twice would still store it once.
 An entry leaves the outbox once the server stored it, or refused it for good (a 4xx: the run
 was claimed again by another device, or has ended): retrying could not change that answer.
 """
@@ -33,28 +36,31 @@ class Outbox:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()  # one delivery at a time keeps the order
         self._write_lock = threading.Lock()
+        self._flight_lock = threading.Lock()
+        self._in_flight: set[Path] = set()  # entries some thread is delivering now
+        self._sequence = max((_sequence(path) for path in self.pending()), default=0)
         # Entries the server refused for good, with its answer, for the run's executor to report.
         self.refused: dict[Path, ApiError] = {}
 
     def put(self, run_id: int, result: RunResult) -> Path:
         """Store ``result`` durably; returns its entry."""
         payload = json.dumps({"run_id": run_id, "result": result.model_dump(mode="json")})
-        with self._write_lock:
-            sequence = max((_sequence(path) for path in self.pending()), default=0) + 1
-            final = self.directory / f"{sequence:012d}-run-{run_id}.json"
-            handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".entry-")
-            try:
-                with os.fdopen(handle, "w") as out:
-                    out.write(payload)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(temporary, final)
-            finally:
-                if os.path.exists(temporary):
-                    os.unlink(temporary)
-            _fsync_directory(self.directory)
+        with self._write_lock:  # only the number: devices write their entries concurrently
+            self._sequence += 1
+            sequence = self._sequence
+        final = self.directory / f"{sequence:012d}-run-{run_id}.json"
+        handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".entry-")
+        try:
+            with os.fdopen(handle, "w") as out:
+                out.write(payload)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, final)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+        _fsync_directory(self.directory)
         return final
 
     def pending(self) -> list[Path]:
@@ -66,26 +72,48 @@ class Outbox:
         stop: threading.Event,
         until: Path | None = None,
     ) -> bool:
-        """Deliver entries in order, retrying while the server is unreachable or failing, until
-        the outbox is empty (or ``until`` has left it) or ``stop`` is set. True when done."""
+        """Deliver ``until`` alone, or else every entry nobody else is delivering (oldest
+        first), retrying while the server is unreachable or failing, until done or ``stop`` is
+        set. True when done."""
         backoff_s = 1.0
-        with self._lock:
-            while not stop.is_set():
-                entries = self.pending()
-                if not entries or (until is not None and until not in entries):
+        while not stop.is_set():
+            if until is not None:
+                if not until.exists():
                     return True
-                entry = entries[0]
-                try:
+                entry = until
+            else:
+                with self._flight_lock:
+                    waiting = [path for path in self.pending() if path not in self._in_flight]
+                if not waiting:
+                    return True
+                entry = waiting[0]
+            if not self._take(entry):
+                stop.wait(0.05)  # another thread is delivering it; see how that ends
+                continue
+            try:
+                if entry.exists():
                     self._deliver_one(entry, upload)
-                    backoff_s = 1.0
-                except (httpx.TransportError, ApiError) as error:
-                    log.warning(
-                        "outbox: %s not delivered (%s); %d waiting, retrying in %.0f s",
-                        entry.name, error, len(entries), backoff_s,
-                    )  # fmt: skip
-                    stop.wait(backoff_s)
-                    backoff_s = min(MAX_BACKOFF_S, backoff_s * 2)
+                backoff_s = 1.0
+            except (httpx.TransportError, ApiError) as error:
+                log.warning(
+                    "outbox: %s not delivered (%s); retrying in %.0f s",
+                    entry.name,
+                    error,
+                    backoff_s,
+                )
+                stop.wait(backoff_s)
+                backoff_s = min(MAX_BACKOFF_S, backoff_s * 2)
+            finally:
+                with self._flight_lock:
+                    self._in_flight.discard(entry)
         return False
+
+    def _take(self, entry: Path) -> bool:
+        with self._flight_lock:
+            if entry in self._in_flight:
+                return False
+            self._in_flight.add(entry)
+            return True
 
     def _deliver_one(self, entry: Path, upload: Callable[[int, RunResult], object]) -> None:
         try:

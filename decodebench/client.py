@@ -57,12 +57,19 @@ class ApiError(Exception):
 
 
 class DecodebenchClient:
-    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, token: str, timeout: float = 30.0, max_connections: int = 100
+    ) -> None:
+        """``max_connections``: requests in flight at once (an agent long-polls one claim per
+        device, so it needs at least one per device)."""
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
     def close(self) -> None:
@@ -125,8 +132,17 @@ class DecodebenchClient:
         payload = {"devices": [device.model_dump(mode="json") for device in devices]}
         self._request("POST", "/agents/heartbeat", json=payload)
 
-    def claim_run(self, device_udid: str) -> ClaimResponse:
-        data = self._request("POST", "/agents/claim", json={"device_udid": device_udid})
+    def claim_run(
+        self, device_udid: str, claim_key: str | None = None, wait_seconds: int = 0
+    ) -> ClaimResponse:
+        """``claim_key``: send the same one again when retrying a claim whose answer was lost;
+        ``wait_seconds``: long poll, answered as soon as a run is claimable."""
+        body: dict[str, Any] = {"device_udid": device_udid}
+        if claim_key is not None:
+            body["claim_key"] = claim_key
+        if wait_seconds:
+            body["wait_seconds"] = wait_seconds
+        data = self._request("POST", "/agents/claim", json=body)
         return ClaimResponse.model_validate(data)
 
     def renew_lease(self, run_id: int) -> LeaseRenewal:

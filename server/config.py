@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     # A queued run whose device class has no device attached (or none seen) fails after this
     # long with the reason instead of waiting forever.
     unschedulable_wait_seconds: float = 1800.0
+    # Fair share between sweeps (server/runs/queue.py): a sweep that got no device for this
+    # long weighs twice its priority's weight, so none starves.
+    fair_share_aging_s: float = Field(default=300.0, gt=0)
+    # A long-poll claim re-checks the queue this often when no notification arrives (the
+    # fallback should the notification listener be down).
+    claim_fallback_poll_s: float = Field(default=5.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _production_needs_real_services(self) -> Settings:

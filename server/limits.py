@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.config import get_settings
@@ -98,35 +101,67 @@ class Admission:
     (its handler); with more requests in flight than connections, threads blocked waiting for a
     connection starve the requests that hold one, and the process freezes until the pool times
     out. Admitted requests always find a connection; the others wait here, on the event loop,
-    and after the pool timeout are told 503 with Retry-After. Health probes are not counted."""
+    and after the pool timeout are told 503 with Retry-After. Health probes are not counted,
+    and a long-poll claim admits itself for each look at the queue (`admitted`), not for the
+    time it waits."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] != "http"
             or scope["path"] in UNCOUNTED
+            or scope["path"] in SELF_ADMITTED
             or scope["path"].startswith("/static/")
         ):
             await self.app(scope, receive, send)
             return
-        settings = get_settings()
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow)
         try:
-            await asyncio.wait_for(self._slots.acquire(), settings.db_pool_timeout_s)
-        except TimeoutError:
-            await _busy(send, settings.retry_after_s)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self._slots.release()
+            async with admitted():
+                await self.app(scope, receive, send)
+        except ServerBusy:
+            await _busy(send, get_settings().retry_after_s)
 
 
 UNCOUNTED = frozenset({"/api/v1/health"})
+SELF_ADMITTED = frozenset({"/api/v1/agents/claim"})
+
+
+class ServerBusy(Exception):
+    """No admission within the pool timeout."""
+
+
+_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+
+@asynccontextmanager
+async def admitted() -> AsyncIterator[None]:
+    """Hold one of the process's admission slots (one per database connection); raises
+    `ServerBusy` when none frees up within the pool timeout."""
+    global _slots
+    settings = get_settings()
+    loop = asyncio.get_running_loop()
+    if _slots is None or _slots[0] is not loop:
+        _slots = (loop, asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow))
+    slots = _slots[1]
+    try:
+        await asyncio.wait_for(slots.acquire(), settings.db_pool_timeout_s)
+    except TimeoutError:
+        raise ServerBusy from None
+    try:
+        yield
+    finally:
+        slots.release()
+
+
+def busy_response() -> JSONResponse:
+    retry_after = get_settings().retry_after_s
+    return JSONResponse(
+        {"detail": f"server busy: every database connection is in use; retry in {retry_after} s"},
+        status_code=503,
+        headers={"Retry-After": str(retry_after)},
+    )
 
 
 async def _busy(send: Send, retry_after: int) -> None:

@@ -82,6 +82,8 @@ class Sweep(Base):
     # A finished sweep's verdicts, stored once (server/sweeps/verdict_cache.py); tens of kB for
     # a large sweep, so loaded only when asked for (the sweeps list loads a hundred rows).
     verdict_cache: Mapped[dict[str, Any] | None] = mapped_column(JSONB, deferred=True)
+    # ci, nightly or adhoc: weighs the sweep's share of its device classes (server/runs/queue.py).
+    priority: Mapped[str] = mapped_column(String(16), server_default="adhoc")
 
     variants: Mapped[list[SweepVariant]] = relationship(
         back_populates="sweep", order_by="SweepVariant.position"
@@ -169,6 +171,20 @@ class Run(Base):
     """One variant on one device class for one repetition: the unit an agent claims."""
 
     __tablename__ = "runs"
+    __table_args__ = (
+        Index(
+            "ix_runs_claim_order",
+            "sweep_id",
+            "device_class",
+            "state",
+            "attempts",
+            "order_key",
+            "id",
+        ),
+        Index("ix_runs_sweep_class_started", "sweep_id", "device_class", "started_at"),
+        Index("ix_runs_device_state", "device_udid", "state"),
+        Index("ix_runs_state_lease", "state", "lease_expires_at"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
@@ -182,6 +198,8 @@ class Run(Base):
     device_udid: Mapped[str | None] = mapped_column(String(128))
     agent_id: Mapped[int | None] = mapped_column(ForeignKey("agents.id"))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The key of the claim that holds it: the same key from the same device gets it again.
+    claim_key: Mapped[str | None] = mapped_column(String(64))
     failure_reason: Mapped[str | None] = mapped_column(Text)
     simulated: Mapped[bool | None] = mapped_column(Boolean)
     driver: Mapped[str | None] = mapped_column(String(32))

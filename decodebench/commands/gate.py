@@ -100,6 +100,8 @@ def prepare_spec(spec: dict[str, Any], args: argparse.Namespace) -> tuple[Baseli
     min_effect = parse_min_effect(args.fail_on_regression) if args.fail_on_regression else None
     if baseline.variant is not None:
         spec["baseline"] = baseline.variant
+    # A pipeline is waiting on the verdict: its sweep goes ahead of nightly and ad hoc ones.
+    spec.setdefault("priority", "ci")
     if min_effect is not None and baseline.sweep_id is None:
         spec["min_effect"] = min_effect
     return baseline, min_effect

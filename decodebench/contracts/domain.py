@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from decodebench.contracts.base import Incoming
+from decodebench.contracts.names import SweepPriority
 from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
 from decodebench.presets import MODELS, has_tokenizer
@@ -233,6 +234,11 @@ class SweepSpec(Incoming):
         le=10,
         description="Scale of the simulated/emulated devices' timing noise (0: none); "
         "None: the agent's setting. Real devices ignore it",
+    )
+    priority: SweepPriority | None = Field(
+        default=None,
+        description="ci, nightly or adhoc: the sweep's weight when several share devices "
+        "(None: from how it was submitted: a schedule's sweeps are nightly, others adhoc)",
     )
 
     @field_validator("model")

@@ -16,6 +16,14 @@ class SweepState(StrEnum):
     failed = "failed"
 
 
+class SweepPriority(StrEnum):
+    """How urgently a sweep wants devices; weighs its share, never starves the others."""
+
+    ci = "ci"  # a CI gate waits on it (`decodebench submit --fail-on-regression`)
+    nightly = "nightly"  # a schedule fired it
+    adhoc = "adhoc"  # submitted by hand (UI, API)
+
+
 class BuildState(StrEnum):
     queued = "queued"
     building = "building"

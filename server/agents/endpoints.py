@@ -1,6 +1,12 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+from contextlib import contextmanager
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from decodebench.contracts.api import DeviceView, ResultsStored, RunStateView
 from decodebench.contracts.names import RunState
@@ -11,13 +17,18 @@ from decodebench.contracts.protocol import (
     ClaimResponse,
     Heartbeat,
     LeaseRenewal,
+    RunAssignment,
     RunFailure,
     RunResult,
 )
 from server.agents import service
-from server.auth import AgentToken, SessionDep, UserToken
+from server.agents.wakeup import claim_wakeups
+from server.auth import AgentToken, SessionDep, UserToken, authenticated
 from server.config import get_settings
-from server.errors import AUTHENTICATED_ERRORS
+from server.db import session_scope
+from server.errors import AUTHENTICATED_ERRORS, Forbidden
+from server.limits import ServerBusy, admitted, busy_response
+from server.models import Device, TokenKind
 from server.paths import RowId
 from server.runs import service as runs
 from server.runs.assignment import claim_assignment
@@ -51,11 +62,74 @@ def list_devices(token: UserToken, session: SessionDep) -> list[DeviceView]:
 
 
 @router.post("/agents/claim", response_model=ClaimResponse)
-def claim(body: ClaimRequest, token: AgentToken, session: SessionDep) -> ClaimResponse:
-    agent = service.agent_for_token(session, token)
+async def claim(body: ClaimRequest, request: Request) -> ClaimResponse | JSONResponse:
+    """Claim the next run for a device; with `wait_seconds`, a long poll answered the moment a
+    run of the device's class becomes claimable. Each look at the queue is a short transaction
+    in a worker thread; between looks the request only awaits a notification
+    (server/agents/wakeup.py), holding neither a database connection nor a thread."""
+    try:
+        return await _claim(body, request)
+    except ServerBusy:
+        return busy_response()
+
+
+async def _claim(body: ClaimRequest, request: Request) -> ClaimResponse:
     settings = get_settings()
-    runs.expire_leases(session, settings.max_run_attempts)
-    return ClaimResponse(run=claim_assignment(session, agent.id, body.device_udid, settings))
+    if body.wait_seconds == 0:
+        assignment, _ = await _look(request, body)
+        return ClaimResponse(run=assignment)
+    wakeups = claim_wakeups(settings.database_url)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait_seconds
+    # The body has been read: the next message is the client going away. A claim nobody
+    # waits for any more ends there (its agent stopped, or gave up and will claim anew).
+    gone: asyncio.Future[object] = asyncio.ensure_future(request.receive())
+    try:
+        while True:
+            mark = wakeups.received
+            assignment, device_class = await _look(request, body)
+            remaining_s = deadline - loop.time()
+            if assignment is not None or remaining_s <= 0 or gone.done():
+                return ClaimResponse(run=assignment)
+            if wakeups.notified_since(device_class, mark):
+                continue  # a run became claimable while we looked: look again
+            woken: asyncio.Future[object] = wakeups.wait_for(device_class)
+            poll_s = remaining_s if wakeups.listening else settings.claim_fallback_poll_s
+            try:
+                awaited: set[asyncio.Future[object]] = {woken, gone}
+                await asyncio.wait(
+                    awaited, timeout=min(remaining_s, poll_s), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                wakeups.forget(device_class, woken)
+            if gone.done() or (loop.time() >= deadline and not woken.done()):
+                return ClaimResponse(run=None)
+    finally:
+        gone.cancel()
+
+
+async def _look(request: Request, body: ClaimRequest) -> tuple[RunAssignment | None, str]:
+    """One look, admitted like any request (server/limits.py) for its duration only."""
+    async with admitted():
+        return await run_in_threadpool(_claim_once, request, body)
+
+
+def _claim_once(request: Request, body: ClaimRequest) -> tuple[RunAssignment | None, str]:
+    """One look at the queue in its own transaction: the assignment, and the device's class."""
+    settings = get_settings()
+    with contextmanager(session_scope)() as session:
+        token = authenticated(request, session)
+        if token.kind != TokenKind.agent.value:
+            raise Forbidden(f"this endpoint needs a agent token, not a {token.kind} token")
+        agent = service.agent_for_token(session, token)
+        runs.expire_leases(session, settings.max_run_attempts)
+        assignment = claim_assignment(session, agent.id, body.device_udid, settings, body.claim_key)
+        if assignment is not None:
+            return assignment, assignment.device_class
+        device_class = session.scalar(
+            select(Device.device_class).where(Device.udid == body.device_udid)
+        )
+        return None, device_class or ""
 
 
 @router.post("/runs/{run_id}/lease", response_model=LeaseRenewal)

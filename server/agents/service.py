@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.names import Driver
@@ -63,6 +63,7 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
             select(Device).where(Device.udid.in_(udids) | (Device.agent_id == agent.id))
         )
     }
+    unchanged = []
     for info in devices:
         device = existing.get(info.udid)
         if device is None:
@@ -70,23 +71,42 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
             session.add(device)
         elif device.agent_id != agent.id and device.connected:
             raise Conflict(f"device {info.udid} is connected to another agent")
-        device.agent_id = agent.id
-        device.device_class = info.device_class
-        device.product_type = info.product_type
-        device.os_version = info.os_version
-        device.driver = info.driver
-        device.simulated = info.simulated
-        device.battery_level = info.battery_level
-        device.charging = info.charging
-        device.thermal_state = info.thermal_state.value
-        device.status = info.status
-        device.failed_checks = [check.model_dump(mode="json") for check in info.failed_checks]
-        device.connected = True
+        reported = _reported(agent, info)
+        if all(getattr(device, name) == value for name, value in reported.items()):
+            # A heartbeat mostly says "still here": those devices share one UPDATE below.
+            unchanged.append(info.udid)
+            continue
+        for name, value in reported.items():
+            setattr(device, name, value)
         device.last_seen_at = now
+    if unchanged:
+        session.execute(
+            update(Device)
+            .where(Device.udid.in_(unchanged))
+            .values(last_seen_at=now)
+            .execution_options(synchronize_session=False)
+        )
     for udid, device in existing.items():
         if udid not in udids and device.agent_id == agent.id:
             device.connected = False
             device.status = "disconnected"
+
+
+def _reported(agent: Agent, info: DeviceInfo) -> dict[str, object]:
+    return {
+        "agent_id": agent.id,
+        "device_class": info.device_class,
+        "product_type": info.product_type,
+        "os_version": info.os_version,
+        "driver": info.driver,
+        "simulated": info.simulated,
+        "battery_level": info.battery_level,
+        "charging": info.charging,
+        "thermal_state": info.thermal_state.value,
+        "status": info.status,
+        "failed_checks": [check.model_dump(mode="json") for check in info.failed_checks],
+        "connected": True,
+    }
 
 
 def list_devices(session: Session) -> list[Device]:

@@ -53,13 +53,25 @@ MAX_UNUSABLE_RUNS_PER_CLAIM = 20
 
 
 def claim_assignment(
-    session: Session, agent_id: int, device_udid: str, settings: Settings
+    session: Session,
+    agent_id: int,
+    device_udid: str,
+    settings: Settings,
+    claim_key: str | None = None,
 ) -> RunAssignment | None:
     """Claim the next run for a device. A run whose assignment cannot be built (a stored report
     that no longer reads, say) is failed with the reason, and the claim moves on to the next:
     one bad row must not jam its device class's queue."""
     for _ in range(MAX_UNUSABLE_RUNS_PER_CLAIM):
-        run = runs.claim_run(session, agent_id, device_udid, settings.lease_seconds)
+        run = runs.claim_run(
+            session,
+            agent_id,
+            device_udid,
+            settings.lease_seconds,
+            claim_key=claim_key,
+            max_attempts=settings.max_run_attempts,
+            aging_s=settings.fair_share_aging_s,
+        )
         if run is None:
             return None
         try:

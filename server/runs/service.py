@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Table, select
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from server.models import (
     Sweep,
     SweepState,
 )
+from server.runs.queue import take_next_run
 from server.transitions import move
 
 
@@ -76,6 +77,12 @@ def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
 
     def settle(follow_up: Session) -> None:
         state = follow_up.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
+        if state == SweepState.running and follow_up.scalar(
+            select(Run.id)
+            .where(Run.sweep_id == sweep_id, Run.state.not_in(list(TERMINAL_RUN_STATES)))
+            .limit(1)
+        ):
+            return  # a run is left, so it stays running: no need to read all of its runs
         if state is not None and _sweep_target(follow_up, sweep_id)[0] != state:
             refresh_sweep_state(follow_up, sweep_id)
 
@@ -116,37 +123,52 @@ def _requeue_or_fail(session: Session, run: Run, reason: str, max_attempts: int)
         move(session, "run", run, RunState.queued, f"{reason}; retrying")
 
 
-def claim_run(session: Session, agent_id: int, device_udid: str, lease_seconds: int) -> Run | None:
-    device = session.scalar(select(Device).where(Device.udid == device_udid))
+def claim_run(
+    session: Session,
+    agent_id: int,
+    device_udid: str,
+    lease_seconds: int,
+    *,
+    claim_key: str | None = None,
+    max_attempts: int = 3,
+    aging_s: float = 300.0,
+) -> Run | None:
+    """The device's next run under a lease, or None. Touches only the device's row (locked, so
+    one device's claims run one after the other: a retry waits for the claim it repeats) and
+    the runs it reads or takes (SKIP LOCKED): no row every device waits on."""
+    device = session.scalar(select(Device).where(Device.udid == device_udid).with_for_update())
     if device is None or device.agent_id != agent_id:
         raise NotFound(f"device {device_udid} is not registered to this agent")
-    busy = session.scalar(
-        select(func.count())
-        .select_from(Run)
-        .where(Run.device_udid == device_udid, Run.state == RunState.running)
-    )
-    if busy:
-        raise Conflict(f"device {device_udid} already has a run in progress")
-    # Prefer runs that have not failed on this device, then the least-tried: a retry lands elsewhere.
-    run = session.scalar(
-        select(Run)
-        .where(Run.state == RunState.queued, Run.device_class == device.device_class)
-        .order_by(
-            (Run.device_udid == device_udid).nulls_first(),
-            Run.attempts,
-            Run.sweep_id,
-            Run.order_key,
-            Run.id,
-        )
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    )
-    if run is None:
-        return None
     now = datetime.now(UTC)
+    held = session.scalars(
+        select(Run)
+        .where(Run.device_udid == device_udid, Run.state == RunState.running)
+        .with_for_update()
+    ).all()
+    for run in held:
+        if claim_key is not None and run.claim_key == claim_key and run.agent_id == agent_id:
+            # The same claim again (its answer was lost): the same run, its lease renewed.
+            run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+            return run
+    if held and claim_key is None:
+        raise Conflict(f"device {device_udid} already has a run in progress")
+    for run in held:
+        # A new claim key means the agent no longer holds this run (it restarted, or gave the
+        # run up): queue it again now rather than when its lease runs out.
+        _requeue_or_fail(
+            session,
+            run,
+            f"device {device_udid} claimed anew; its agent gave the run up",
+            max_attempts,
+        )
+    taken = take_next_run(session, device.device_class, device_udid, aging_s)
+    if taken is None:
+        return None
+    run = taken
     run.attempts += 1
     run.agent_id = agent_id
     run.device_udid = device_udid
+    run.claim_key = claim_key
     run.started_at = now
     run.lease_expires_at = now + timedelta(seconds=lease_seconds)
     # A claim changes no sweep's state: its run was queued, so its build had succeeded and the

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.names import SweepPriority
 from decodebench.contracts.schedules import AlertStatus, WebhookEvent
 from decodebench.contracts.verdicts import JudgingError
 from decodebench.judging.nightly import (
@@ -142,7 +143,11 @@ def _rerun_same_builds(
     spec = SweepSpec.model_validate(bad_sweep.spec).model_copy(update={"devices": [device_class]})
     toolchain = bad_sweep.variants[0].build.toolchain
     rerun = submit_sweep(
-        session, spec, f"schedule {schedule.name} (confirmation re-run)", toolchain
+        session,
+        spec,
+        f"schedule {schedule.name} (confirmation re-run)",
+        toolchain,
+        priority=SweepPriority.nightly,
     )
     rerun = get_sweep(session, rerun.id)
     if [v.build_id for v in rerun.variants] != [v.build_id for v in bad_sweep.variants]:

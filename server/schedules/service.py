@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.names import SweepPriority
 from decodebench.contracts.schedules import ScheduleCreate
 from server.config import get_settings
 from server.errors import Conflict, InvalidInput, NotFound
@@ -103,7 +104,13 @@ def fire(
     if firing_id is None:
         return None
     spec = SweepSpec.model_validate(schedule.spec)
-    sweep = submit_sweep(session, spec, f"schedule {schedule.name}", get_settings().toolchain)
+    sweep = submit_sweep(
+        session,
+        spec,
+        f"schedule {schedule.name}",
+        get_settings().toolchain,
+        priority=SweepPriority.nightly,
+    )
     firing = session.get_one(ScheduleFiring, firing_id)
     firing.sweep_id = sweep.id
     return firing

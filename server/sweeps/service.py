@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.names import SweepPriority
 from server.builds.service import get_or_create_build
 from server.errors import NotFound
 from server.models import BuildState, Run, RunState, Sweep, SweepState, SweepVariant
@@ -21,14 +22,20 @@ def interleaved_order(repetition: int, position: int, variant_count: int) -> int
 
 
 def submit_sweep(
-    session: Session, spec: SweepSpec, submitted_by: str, toolchain: dict[str, str]
+    session: Session,
+    spec: SweepSpec,
+    submitted_by: str,
+    toolchain: dict[str, str],
+    priority: SweepPriority = SweepPriority.adhoc,
 ) -> Sweep:
+    """``priority`` is how it was submitted (a schedule: nightly); the spec's own wins."""
     identities = variant_identities(session, spec)  # 422 before anything is written
     sweep = Sweep(
         model=spec.model,
         spec=spec.model_dump(mode="json"),
         state=SweepState.building,
         submitted_by=submitted_by,
+        priority=(spec.priority or priority).value,
     )
     session.add(sweep)
     session.flush()
