@@ -7,17 +7,17 @@ machine is shared:
 
 - plain: per-layer sensitivity done the straightforward way (one full fp32 forward per layer),
   then ``torch.jit.trace``, ``ct.convert`` with the default pipeline, and the recipe as
-  ``ct.optimize.coreml`` calls (:mod:`decodebench.quant.plain`): the lm_head palettized to 6
+  ``ct.optimize.coreml`` calls (:mod:`decodebench.building.quant.plain`): the lm_head palettized to 6
   bits with the same k-means as ours (``mode="custom"``; coremltools' ``kmeans`` mode needs
   kmeans1d or scikit-learn and computes another table), then int4 per block of 32 with the 8
   promoted layers int8 per channel; ``save``;
-- ours: ``decodebench.build.build_variant`` with an empty cache (so the sensitivity is measured),
+- ours: ``decodebench.building.build.build_variant`` with an empty cache (so the sensitivity is measured),
   then the same request again (cache hit).
 
 It prints both sides' stages next to each other, then checks the output instead of assuming
 it: every compressed weight of the two packages compared byte for byte, and the op histograms
 (the plain program has one more negative-index guard on the token gather per
-``ct.optimize.coreml`` call, see :mod:`decodebench.quant.plain`). If any weight differs, both
+``ct.optimize.coreml`` call, see :mod:`decodebench.building.quant.plain`). If any weight differs, both
 packages decode ``--verify-steps`` tokens in the MIL interpreter and the token agreement is
 printed. The check's verdict is the exit status (0 same output, 1 not).
 
@@ -64,13 +64,13 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     import numpy as np
     import torch
 
-    from decodebench import coreml_compat
-    from decodebench.convert import _input_types, _state_types
+    from decodebench.building import coreml_compat
+    from decodebench.building.convert import _input_types, _state_types
+    from decodebench.building.quant.apply import QuantPlan
+    from decodebench.building.quant.plain import optimize_plain
+    from decodebench.building.quant.recipe import parse_recipe
     from decodebench.modeling import build_model, step_inputs
     from decodebench.presets import get_preset
-    from decodebench.quant.apply import QuantPlan
-    from decodebench.quant.plain import optimize_plain
-    from decodebench.quant.recipe import parse_recipe
 
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
@@ -118,8 +118,8 @@ def naive_ranking(model: Any, recipe: Any) -> list[int]:
     prompts with that layer quantized, KL against the unquantized forward; most sensitive first."""
     import torch
 
-    from decodebench.quant.apply import fake_quantize
-    from decodebench.quant.sensitivity import _rms, _Runner, calibration_tokens
+    from decodebench.building.quant.apply import fake_quantize
+    from decodebench.building.quant.sensitivity import _rms, _Runner, calibration_tokens
 
     config = model.config
     tokens = calibration_tokens(config.vocab_size)
@@ -151,8 +151,8 @@ def naive_ranking(model: Any, recipe: Any) -> list[int]:
 
 
 def ours(out: Path, model_name: str, context: int, top: int) -> dict:
-    from decodebench.build import build_variant
-    from decodebench.buildcache import BuildCache
+    from decodebench.building.build import build_variant
+    from decodebench.building.cache import BuildCache
     from decodebench.contracts.domain import VariantSpec
 
     variant = VariantSpec(context=context, quant=f"top{top}")
@@ -205,7 +205,7 @@ def check_output(plain_package: Path, our_package: Path, steps: int) -> dict[str
     from collections import Counter
 
     from decodebench.analysis.analyze import analyze_mlpackage
-    from decodebench.quant.plain import compare_weights
+    from decodebench.building.quant.plain import compare_weights
 
     weights = compare_weights(plain_package, our_package)
     plain_ops = Counter(analyze_mlpackage(plain_package).op_counts)

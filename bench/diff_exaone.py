@@ -23,7 +23,7 @@ from pathlib import Path
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.analysis.diff import GraphDiff, diff_analyses, render_diff
-from decodebench.build import PACKAGE_NAME, build_variant
+from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import EXAONE_4_0_1_2B

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from decodebench.build import build_variant, load_report
+from decodebench.building.build import build_variant, load_report
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import EXAONE_4_0_1_2B

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from decodebench.build import PACKAGE_NAME, build_variant, load_report
+from decodebench.building.build import PACKAGE_NAME, build_variant, load_report
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import EXAONE_4_0_1_2B, get_preset
 

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from decodebench.emulated.timing import TimingParameters
+from decodebench.devices.emulated.timing import TimingParameters
 from decodebench.judging.nightly import (
     DetectionSettings,
     Direction,

@@ -29,14 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from decodebench.agreement import AgreementReport, measure_agreement  # noqa: E402
-from decodebench.build import PACKAGE_NAME, build_variant  # noqa: E402
-from decodebench.buildcache import BuildCache  # noqa: E402
+from decodebench.building.agreement import AgreementReport, measure_agreement  # noqa: E402
+from decodebench.building.build import PACKAGE_NAME, build_variant  # noqa: E402
+from decodebench.building.cache import BuildCache  # noqa: E402
+from decodebench.building.realmodels import fetch_model  # noqa: E402
+from decodebench.building.reference import reference_outputs  # noqa: E402
 from decodebench.contracts.domain import VariantSpec  # noqa: E402
 from decodebench.mil.program import quiet_coremltools  # noqa: E402
 from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, prompt_token_ids  # noqa: E402
-from decodebench.realmodels import fetch_model  # noqa: E402
-from decodebench.reference import reference_outputs  # noqa: E402
 
 LAYOUT_VARIANTS = ("repeat_kv/state", "folded/state", "repeat_kv/input", "folded/input")
 QUANT_VARIANTS = ("folded/state/w8", "folded/state/w4", "folded/state/base", "folded/state/top8")
@@ -82,7 +82,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--variants", nargs="+", default=[*LAYOUT_VARIANTS, *QUANT_VARIANTS])
-    parser.add_argument("--work", default=str(Path.home() / ".cache/decodebench/agreement"))
+    parser.add_argument(
+        "--work", default=str(Path.home() / ".cache/decodebench/building/agreement")
+    )
     parser.add_argument("--no-cache", action="store_true", help="build every variant afresh")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quant-only", action="store_true", help="w8, w4, base, top8 only")

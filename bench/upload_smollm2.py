@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from decodebench.building.realmodels import fetch_model  # noqa: E402
 from decodebench.client import DecodebenchClient  # noqa: E402
-from decodebench.realmodels import fetch_model  # noqa: E402
 from decodebench.uploading import ResumeState, upload_model  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 

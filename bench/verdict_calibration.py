@@ -15,7 +15,7 @@ import json
 import time
 
 from decodebench.contracts.verdicts import Verdict
-from decodebench.emulated.timing import TimingParameters
+from decodebench.devices.emulated.timing import TimingParameters
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
 from decodebench.profiles import IPHONE_17_PRO

@@ -32,7 +32,7 @@ def _progress_printer(quiet: bool):
 def cmd_build(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from decodebench.buildcache import (
+    from decodebench.building.cache import (
         BuildCache,
         find_build,
         model_identity,
@@ -69,8 +69,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     # The cache is asked before torch and coremltools are imported: a hit takes milliseconds.
     fingerprint = None
     if weights is not None:
-        from decodebench.weights import WeightsError
-        from decodebench.weights import fingerprint as weights_fingerprint
+        from decodebench.building.weights import WeightsError
+        from decodebench.building.weights import fingerprint as weights_fingerprint
 
         memo = (cache.root if cache else out_dir) / "fingerprints.json"
         try:
@@ -83,8 +83,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"cache hit {key[:12]}: {out_dir / 'model.mlpackage'} ({_summary(hit)})")
         return 0
 
-    from decodebench.build import BuildError, build_variant
-    from decodebench.weights import WeightsError
+    from decodebench.building.build import BuildError, build_variant
+    from decodebench.building.weights import WeightsError
 
     try:
         report = build_variant(

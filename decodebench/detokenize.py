@@ -2,7 +2,7 @@
 
 The server must not import transformers, yet the sweep page shows what each variant answered.
 The worker, which has the model's tokenizer, writes the table once per model
-(:func:`decodebench.reference.detokenizer_table`) into the artifact store; decoding is then a
+(:func:`decodebench.building.reference.detokenizer_table`) into the artifact store; decoding is then a
 concatenation of byte strings and one UTF-8 decode, exactly what a byte-level BPE tokenizer's
 decoder does (the worker checks the table reproduces the tokenizer on every reference answer).
 """

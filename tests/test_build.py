@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from decodebench.analysis.analyze import analyze_mlpackage
-from decodebench.build import BuildError, build_variant, load_report
-from decodebench.buildcache import BuildCache
+from decodebench.building.build import BuildError, build_variant, load_report
+from decodebench.building.cache import BuildCache
 from decodebench.contracts.domain import VariantSpec, build_key
 
 pytestmark = pytest.mark.slow

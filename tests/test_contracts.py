@@ -56,7 +56,7 @@ def test_the_blocker_itself_blocks() -> None:
 
 
 ALLOWED_IN_CONTRACTS = ("decodebench.contracts", "decodebench.presets", "decodebench.profiles")
-ALLOWED_IN_CONTRACTS += ("decodebench.quant.recipe", "decodebench.quant")
+ALLOWED_IN_CONTRACTS += ("decodebench.building.quant.recipe", "decodebench.building.quant")
 
 
 @pytest.mark.parametrize(

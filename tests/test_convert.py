@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from decodebench.building.convert import ConversionError, CoreMLToolsConverter, convert
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.convert import ConversionError, CoreMLToolsConverter, convert
 from decodebench.modeling import build_model
 from decodebench.presets import TINY_GQA
 
@@ -130,7 +130,7 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     tmp_path: Path, attention: Attention, kv: str, quant: str
 ) -> None:
     """Against trace + ct.convert + ct.optimize.coreml with the default pipelines and the same
-    recipe (decodebench.quant.plain): fp16 is the same program op for op; quantized, every
+    recipe (decodebench.building.quant.plain): fp16 is the same program op for op; quantized, every
     compressed weight is byte-equal and the programs decode identically, and the only ops the
     plain program has beyond ours are the extra negative-index guards each ct.optimize call adds
     in front of the token gather (coremltools' guard_negative_gather_indices is not idempotent)."""
@@ -139,13 +139,13 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     import coremltools as ct
     import torch
 
-    from decodebench import coreml_compat
-    from decodebench.convert import _input_types, _output_types, _state_types
+    from decodebench.building import coreml_compat
+    from decodebench.building.convert import _input_types, _output_types, _state_types
+    from decodebench.building.quant.apply import QuantPlan
+    from decodebench.building.quant.plain import compare_weights, optimize_calls, optimize_plain
+    from decodebench.building.quant.recipe import parse_recipe
     from decodebench.mil.verify import verify_packages
     from decodebench.modeling import example_inputs
-    from decodebench.quant.apply import QuantPlan
-    from decodebench.quant.plain import compare_weights, optimize_calls, optimize_plain
-    from decodebench.quant.recipe import parse_recipe
 
     variant = VariantSpec(attention=attention, kv=kv, context=CONTEXT, layers=1, quant=quant)
     model = build_model(ONE_LAYER, CONTEXT, attention, torch.float16, kv)

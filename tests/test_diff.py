@@ -11,7 +11,7 @@ import pytest
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.analysis.diff import _unmatched, diff_analyses
-from decodebench.build import build_variant
+from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA

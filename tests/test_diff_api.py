@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decodebench.build import build_variant
+from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA

@@ -25,10 +25,10 @@ from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.emulated.fleet import EmulatedFleet
-from decodebench.emulated.ipa import make_harness_ipa
-from decodebench.emulated.timing import TimingParameters
-from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
+from decodebench.devices.emulated.fleet import EmulatedFleet
+from decodebench.devices.emulated.ipa import make_harness_ipa
+from decodebench.devices.emulated.timing import TimingParameters
+from decodebench.devices.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
 from decodebench.profiles import IPHONE_17_PRO
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
@@ -47,7 +47,7 @@ class Build:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
     """Real tiny-gqa builds (coremltools), both attention layouts, zipped as the worker does."""
-    from decodebench.build import build_variant
+    from decodebench.building.build import build_variant
 
     root = tmp_path_factory.mktemp("builds")
     built = {}

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from decodebench.analysis.analyze import analyze_mlpackage
-from decodebench.build import PACKAGE_NAME, build_variant
+from decodebench.building.build import PACKAGE_NAME, build_variant
+from decodebench.building.convert import convert
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.convert import convert
 from decodebench.mil.fold_package import fold_mlpackage, render
 from decodebench.mil.program import quiet_coremltools
 from decodebench.mil.verify import open_session, verify_packages

@@ -2,7 +2,7 @@
 
 Run directly on an emulated device (no usbmux): every way a job can be unusable still ends in a
 done marker saying why; an interruption abandons the run with reason `interrupted`; memory,
-thermal samples and the bounded thermal wait follow `decodebench.harness`; any bundle id that
+thermal samples and the bounded thermal wait follow `decodebench.devices.harness`; any bundle id that
 is the harness launches. Token ids from the pushed package are in test_harness_emulated_mil.py.
 """
 
@@ -15,11 +15,11 @@ import pytest
 
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunResult, ThermalState
-from decodebench.emulated.app import HarnessLog, LaunchRefused, launch_app, run_harness
-from decodebench.emulated.device import AppRecord, EmulatedDevice
-from decodebench.emulated.faults import Condition
-from decodebench.emulated.fleet import EmulatedFleet
-from decodebench.harness import (
+from decodebench.devices.emulated.app import HarnessLog, LaunchRefused, launch_app, run_harness
+from decodebench.devices.emulated.device import AppRecord, EmulatedDevice
+from decodebench.devices.emulated.faults import Condition
+from decodebench.devices.emulated.fleet import EmulatedFleet
+from decodebench.devices.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
     HARNESS_BUNDLE_ID,

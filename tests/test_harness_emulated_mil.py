@@ -24,9 +24,9 @@ from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.emulated.fleet import EmulatedFleet
-from decodebench.emulated.ipa import make_harness_ipa
-from decodebench.harness import (
+from decodebench.devices.emulated.fleet import EmulatedFleet
+from decodebench.devices.emulated.ipa import make_harness_ipa
+from decodebench.devices.harness import (
     DONE_MARKER,
     HARNESS_BUNDLE_ID,
     JOB_FILE,
@@ -49,7 +49,7 @@ class Build:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
-    from decodebench.build import build_variant
+    from decodebench.building.build import build_variant
 
     root = tmp_path_factory.mktemp("builds")
     built = {}

@@ -1,12 +1,12 @@
-"""The decode sweep protocol every harness follows (decodebench.harness), on a scripted engine."""
+"""The decode sweep protocol every harness follows (decodebench.devices.harness), on a scripted engine."""
 
 from __future__ import annotations
 
 import pytest
 
 from decodebench.contracts.protocol import PromptResult, RunResult
-from decodebench.emulated.timing import RooflineClock, RunNoise, TimingParameters
-from decodebench.harness import (
+from decodebench.devices.emulated.timing import RooflineClock, RunNoise, TimingParameters
+from decodebench.devices.harness import (
     DoneMarker,
     HarnessJob,
     HarnessPrompt,

@@ -14,7 +14,7 @@ from agent.drivers.host import HostDriver, HostRoofline
 from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunAssignment, RunResult
-from decodebench.harness import HarnessJob
+from decodebench.devices.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 128
@@ -24,7 +24,7 @@ DECODE_TOKENS = 5
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """tiny-gqa built in fp16, w4 and base (int4 + a LUT lm_head), zipped as the worker ships them."""
-    from decodebench.build import build_variant
+    from decodebench.building.build import build_variant
 
     built = {}
     for quant in ("fp16", "w4", "base"):
@@ -76,7 +76,7 @@ def measure(tmp_path: Path, path: Path) -> tuple[RunResult, HostRoofline, Harnes
 
 def interpreter_tokens(artifact_path: Path, tmp_path: Path, prompt: list[int]) -> list[int]:
     """The MIL reference interpreter's greedy tokens for the package inside the artifact."""
-    from decodebench.host_decode import greedy_tokens
+    from decodebench.devices.host_decode import greedy_tokens
     from decodebench.mil.verify import open_session
 
     with zipfile.ZipFile(artifact_path) as archive:

@@ -12,7 +12,7 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 
-from decodebench.build import PACKAGE_NAME, build_variant
+from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.mil.interpreter import Interpreter, numpy_dtype
 from decodebench.mil.program import MilError, load_package, quiet_coremltools

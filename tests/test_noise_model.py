@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.verdicts import Verdict
-from decodebench.emulated.timing import RunNoise, TimingParameters, simulate_decode
+from decodebench.devices.emulated.timing import RunNoise, TimingParameters, simulate_decode
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
 from decodebench.profiles import IPHONE_17_PRO, DeviceNoise

@@ -12,7 +12,7 @@ import torch
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
-from decodebench.build import BuildError, check_finite_decode
+from decodebench.building.build import BuildError, check_finite_decode
 from decodebench.cli import main
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import load_package, quiet_coremltools

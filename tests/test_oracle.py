@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decodebench.building.weights import hf_config_dict
 from decodebench.contracts.domain import Attention, KVCache
 from decodebench.modeling import build_model, greedy_decode
 from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA, TINY_QWEN, ModelConfig
-from decodebench.weights import hf_config_dict
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,19 +8,24 @@ import numpy as np
 import pytest
 import torch
 
-from decodebench.contracts.domain import VariantSpec
-from decodebench.modeling import build_model
-from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
-from decodebench.quant.apply import QuantPlan, decompress, weight_role
-from decodebench.quant.numeric import (
+from decodebench.building.quant.apply import QuantPlan, decompress, weight_role
+from decodebench.building.quant.numeric import (
     dequantize,
     fake_quantize_linear,
     palettize,
     quantize_linear,
     to_dtype,
 )
-from decodebench.quant.recipe import INT4, INT8, LUT6, RecipeError, parse_recipe
-from decodebench.quant.sensitivity import calibration_tokens, measure, promoted_layers, rank
+from decodebench.building.quant.recipe import INT4, INT8, LUT6, RecipeError, parse_recipe
+from decodebench.building.quant.sensitivity import (
+    calibration_tokens,
+    measure,
+    promoted_layers,
+    rank,
+)
+from decodebench.contracts.domain import VariantSpec
+from decodebench.modeling import build_model
+from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
 
 
 @pytest.mark.parametrize(

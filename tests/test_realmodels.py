@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from decodebench.realmodels import (
+from decodebench.building.realmodels import (
     MANIFEST,
     FetchError,
     cached_model_folder,
     fetch_model,
     model_cache_root,
 )
-from decodebench.weights import load_checkpoint
+from decodebench.building.weights import load_checkpoint
 
 
 def test_fetched_folder_is_a_loadable_checkpoint(smollm2_folder):
@@ -59,7 +59,7 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
 def test_concurrent_fetches_convert_once(tmp_path):
     """Two processes race on an empty cache: one converts, the other waits and reuses."""
     code = (
-        "import sys; from pathlib import Path; from decodebench.realmodels import fetch_model;"
+        "import sys; from pathlib import Path; from decodebench.building.realmodels import fetch_model;"
         "print(fetch_model('smollm2-135m', Path(sys.argv[1]), lambda m: print(m, flush=True)))"
     )
     racers = [

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.agreement import measure_agreement
-from decodebench.build import PACKAGE_NAME, build_variant
+from decodebench.building.agreement import measure_agreement
+from decodebench.building.build import PACKAGE_NAME, build_variant
+from decodebench.building.reference import reference_outputs
 from decodebench.contracts.domain import Attention, KVCache, VariantSpec
 from decodebench.mil.program import quiet_coremltools
 from decodebench.prompts import (
@@ -16,7 +17,6 @@ from decodebench.prompts import (
     has_tokenizer,
     prompt_token_ids,
 )
-from decodebench.reference import reference_outputs
 
 CONTEXT = 256
 STEPS = 16

@@ -311,9 +311,9 @@ def test_idle_open_uploads_are_pruned(api, user_token) -> None:
 
 
 def test_a_package_that_cannot_be_read_fails_its_build_naming_it(tmp_path: Path) -> None:
-    from decodebench.build import BuildError
+    from decodebench.building.build import BuildError
+    from decodebench.building.package import build_from_package
     from decodebench.contracts.domain import VariantSpec
-    from decodebench.package_build import build_from_package
 
     package = tmp_path / "x.mlpackage"
     package.mkdir()

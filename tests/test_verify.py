@@ -12,7 +12,7 @@ import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
-from decodebench.build import PACKAGE_NAME, build_variant
+from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.cli import main
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.mil.inputs import InputMapping, recognise, step_feed

@@ -9,15 +9,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from decodebench.modeling import build_model, greedy_decode
-from decodebench.presets import TINY_EXAONE, TINY_LLAMA, TINY_QWEN, ModelConfig
-from decodebench.weights import (
+from decodebench.building.weights import (
     WeightsError,
     fingerprint,
     hf_config_dict,
     load_checkpoint,
     model_config_from_hf,
 )
+from decodebench.modeling import build_model, greedy_decode
+from decodebench.presets import TINY_EXAONE, TINY_LLAMA, TINY_QWEN, ModelConfig
 
 transformers = pytest.importorskip("transformers")
 

@@ -24,9 +24,9 @@ PROGRESS_INTERVAL_S = 1.0
 
 def run_build(build_id: int, settings: WorkerSettings) -> str:
     """Returns what happened, for the task's result and the log."""
-    from decodebench.build import build_variant, toolchain_versions
-    from decodebench.buildcache import BuildCache
-    from decodebench.package_build import build_from_package, package_from_zip
+    from decodebench.building.build import build_variant, toolchain_versions
+    from decodebench.building.cache import BuildCache
+    from decodebench.building.package import build_from_package, package_from_zip
     from worker.sources import fetch_sources, model_config
 
     with DecodebenchClient(settings.server_url, settings.token) as client:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from decodebench.buildcache import REPORT_NAME
+from decodebench.building.cache import REPORT_NAME
 from decodebench.client import DecodebenchClient
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import CHAT_PROMPT_SET, CUSTOM_PROMPT_SET, build_key
@@ -26,10 +26,10 @@ def with_references(
     client: DecodebenchClient,
     cache: Path,
 ) -> BuildReport:
+    from decodebench.building.realmodels import fetch_model
+    from decodebench.building.reference import reference_set
     from decodebench.detokenize import dump_table
     from decodebench.prompts import chat_prompts
-    from decodebench.realmodels import fetch_model
-    from decodebench.reference import reference_set
 
     request = assignment.prompt_set
     assert request is not None

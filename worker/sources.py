@@ -89,7 +89,7 @@ def _hf_folder(model: ModelView, folder: Path) -> Path:
         return folder
     if model.kind != ModelKind.gguf:
         raise SourceError(f"model {model.name} is a {model.kind.value}, not a checkpoint")
-    from decodebench.realmodels import write_hf_folder
+    from decodebench.building.realmodels import write_hf_folder
 
     converted = folder / "hf"
     if not (converted / "config.json").is_file():
@@ -106,7 +106,7 @@ def model_config(model: str, weights: Path | None) -> ModelConfig:
         return get_preset(model)
     import json
 
-    from decodebench.weights import model_config_from_hf
+    from decodebench.building.weights import model_config_from_hf
 
     raw = json.loads((weights / "config.json").read_text())
     return model_config_from_hf(raw, name=model.removeprefix(UPLOAD_PREFIX))

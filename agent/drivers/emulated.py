@@ -17,10 +17,10 @@ from agent.drivers.launchers import DvtLauncher
 from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment
-from decodebench.emulated.ddi import write_ddi_folder
-from decodebench.emulated.fleet import EmulatedFleet
-from decodebench.emulated.ipa import make_harness_ipa
-from decodebench.emulated.timing import TimingParameters
+from decodebench.devices.emulated.ddi import write_ddi_folder
+from decodebench.devices.emulated.fleet import EmulatedFleet
+from decodebench.devices.emulated.ipa import make_harness_ipa
+from decodebench.devices.emulated.timing import TimingParameters
 
 DRIVER_NAME = Driver.emulated
 

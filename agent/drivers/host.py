@@ -1,10 +1,10 @@
 """The host as a device: the built package's own program on this CPU, timed for real.
 
 Not an iPhone and not Core ML: the artifact's ``.mlpackage`` is unpacked and decoded by
-:class:`decodebench.host_decode.HostEngine`, its weights at their stored precision (int8 and
+:class:`decodebench.devices.host_decode.HostEngine`, its weights at their stored precision (int8 and
 int4 on PyTorch's weight-packed CPU kernels, palettes decompressed block by block, fp16 as
 fp16), stepped through the same decode sweep protocol as the iOS harness
-(`decodebench.harness`), with wall-clock timings. Its greedy tokens are the MIL reference
+(`decodebench.devices.harness`), with wall-clock timings. Its greedy tokens are the MIL reference
 interpreter's for the same package. Results say `driver="host"`, `simulated=False`.
 
 - load: cold = loading the package and packing its weights the first time, warm = again once
@@ -35,9 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
 from decodebench.contracts.names import REPORT_NAME, Driver
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
-from decodebench.harness import MonotonicClock, run_prompt, warm_up
-from decodebench.host_decode import HostEngine
-from decodebench.host_memory import (
+from decodebench.devices.harness import MonotonicClock, run_prompt, warm_up
+from decodebench.devices.host_decode import HostEngine
+from decodebench.devices.host_memory import (
     StreamBandwidth,
     peak_rss_bytes,
     reset_peak_rss,

@@ -31,7 +31,7 @@ from agent.drivers.ios_errors import (
     PROFILE_UNTRUSTED,
 )
 from decodebench.contracts.protocol import DeviceCheck, ThermalState
-from decodebench.harness import HARNESS_PROTOCOL_VERSION
+from decodebench.devices.harness import HARNESS_PROTOCOL_VERSION
 
 # Core ML compiles the pushed .mlpackage into an .mlmodelc next to it: room for both.
 SPACE_FACTOR = 2

@@ -48,7 +48,7 @@ from agent.drivers.ios_errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchErr
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
-from decodebench.harness import (
+from decodebench.devices.harness import (
     HARNESS_LOG,
     JOB_FILE,
     RESULTS_FILE,

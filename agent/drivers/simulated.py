@@ -4,7 +4,7 @@ Everything the agent does around a run is real (download, unpack and check the a
 write the job, read back and validate results.json); only the phone is replaced by a formula,
 and every result says so (`simulated=True`, `driver="simulated"`, `timing_model`).
 
-The model (decodebench.emulated.timing, docs/noise-model.md), seeded by (run id, device UDID)
+The model (decodebench.devices.emulated.timing, docs/noise-model.md), seeded by (run id, device UDID)
 so a run reproduces exactly:
 
 - decode latency per token = bytes_per_token / effective bandwidth of the device profile (the
@@ -45,7 +45,7 @@ from decodebench.contracts.protocol import (
     RunResult,
     ThermalState,
 )
-from decodebench.emulated.timing import (
+from decodebench.devices.emulated.timing import (
     RunNoise,
     TimingParameters,
     decode_latency_s,

@@ -18,7 +18,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from decodebench.realmodels import REGISTRY_MODELS
+    from decodebench.building.realmodels import REGISTRY_MODELS
 
     parser = subparsers.add_parser(
         "model",
@@ -48,7 +48,7 @@ def register(subparsers: Any) -> None:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from decodebench.realmodels import FetchError, fetch_model
+    from decodebench.building.realmodels import FetchError, fetch_model
 
     def log(message: str) -> None:
         print(f"  {message}", file=sys.stderr, flush=True)

@@ -164,7 +164,7 @@ class PromptResult(Incoming):
     ttft_ms: StrictFloat = Field(
         ge=0,
         description="Time to first token: the summed time of the prompt's prefill steps, the last "
-        "of which yields the first generated token (decodebench.harness)",
+        "of which yields the first generated token (decodebench.devices.harness)",
     )
     prefill_tok_s: StrictFloat = Field(gt=0, le=MAX_RATE)
     decode_tok_s: StrictFloat = Field(gt=0, le=MAX_RATE)
@@ -202,7 +202,7 @@ class RunResult(Incoming):
     peak_memory_bytes: StrictInt = Field(
         ge=0,
         description="Largest physical footprint sampled after every step of the timed prompts "
-        "(decode-time memory; compilation excluded, see decodebench.harness)",
+        "(decode-time memory; compilation excluded, see decodebench.devices.harness)",
     )
     compile_peak_memory_bytes: StrictInt | None = Field(
         default=None, ge=0, description="Footprint peak through on-device compile and loads"

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from decodebench.building.quant.recipe import parse_recipe
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.uploads import (
     UPLOAD_PREFIX,
@@ -29,7 +30,6 @@ from decodebench.modelfiles import (
     content_sha256,
     detect_kind,
 )
-from decodebench.quant.recipe import parse_recipe
 from server.artifacts.store import ArtifactStore
 from server.config import Settings
 from server.errors import Conflict, InvalidInput, NotFound, TooLarge

@@ -1,4 +1,4 @@
-// One decode step of the converted model (decodebench/convert.py):
+// One decode step of the converted model (decodebench/building/convert.py):
 // inputs input_ids [1, 1] int32, position [1] int32, causal_mask [1, 1, 1, context] fp16;
 // output logits [1, 1, vocab]. The KV cache is either
 // - kv=state: the model's MLState (key_cache_i/value_cache_i states, written in the graph;
@@ -34,7 +34,7 @@ public enum HarnessError: Error, CustomStringConvertible {
         }
     }
 
-    /// decodebench.harness.FailureReason of this error.
+    /// decodebench.devices.harness.FailureReason of this error.
     public var reason: FailureReason {
         switch self {
         case .missingJob: return .missing_job

@@ -1,4 +1,4 @@
-// The decode sweep protocol (decodebench/harness.py), step by step:
+// The decode sweep protocol (decodebench/devices/harness.py), step by step:
 // prefill = the prompt fed one token at a time (the model takes one token per call); the last
 // prefill step's logits give the first generated token; N - 1 decode steps give the rest.
 // TTFT = the summed time of the prefill steps (the last one yields the first token).
@@ -12,7 +12,7 @@ public protocol StepEngine {
     mutating func step(token: Int, position: Int) throws -> Int
 }
 
-/// What the harness watches around the timed steps (decodebench.harness.SweepObserver).
+/// What the harness watches around the timed steps (decodebench.devices.harness.SweepObserver).
 public protocol SweepObserver: AnyObject {
     /// After every step of a timed prompt: sample memory; throw if the run was interrupted.
     func afterStep() throws
@@ -31,7 +31,7 @@ public enum MonotonicClock {
     public static func now() -> UInt64 { clock_gettime_nsec_np(CLOCK_UPTIME_RAW) }
 }
 
-/// Why the job cannot run (decodebench.harness.job_problem, the same checks), or nil.
+/// Why the job cannot run (decodebench.devices.harness.job_problem, the same checks), or nil.
 public func jobProblem(_ job: HarnessJob) -> String? {
     if job.protocolVersion != HarnessProtocol.version {
         return "job.json speaks harness protocol \(job.protocolVersion), the harness speaks \(HarnessProtocol.version)"

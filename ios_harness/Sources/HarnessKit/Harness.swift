@@ -8,7 +8,7 @@ import os
 
 public final class HarnessLog: @unchecked Sendable {
     private let url: URL
-    private let logger = Logger(subsystem: Bundle.main.bundleIdentifier ?? "dev.decodebench.harness", category: "run")
+    private let logger = Logger(subsystem: Bundle.main.bundleIdentifier ?? "dev.decodebench.devices.harness", category: "run")
     private let lock = NSLock()
 
     public init(documents: URL) { url = documents.appendingPathComponent(HarnessFiles.log) }

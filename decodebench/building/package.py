@@ -1,0 +1,156 @@
+"""A build from a ``.mlpackage`` made elsewhere ("bring your own package").
+
+Nothing is converted: the package is analysed like any build, its KV length checked against the
+variant's context, optionally folded (``decodebench fold``: GQA KV replication removed where it
+is provably exact) and then verified against the package as uploaded over a few decode steps in
+the reference interpreter, checked for non-finite values on a prompt, analysed again, and
+written as ``model.mlpackage`` + ``build.json`` like a build from weights, so it runs on devices
+the same way.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.artifacts import unpack
+from decodebench.building.build import (
+    BuildError,
+    ProgressCallback,
+    StageClock,
+    _replace_directory,
+    _write_atomically,
+    check_finite_decode,
+    peak_rss_bytes,
+    toolchain_versions,
+)
+from decodebench.building.cache import request_key
+from decodebench.contracts.build import BuildReport
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
+from decodebench.presets import ModelConfig
+
+VERIFY_STEPS = 4  # decode steps the folded package must match the uploaded one on
+
+
+def package_from_zip(archive: Path, into: Path) -> Path:
+    """Unpack a zipped package (``X.mlpackage/…`` or the package's contents at the top)."""
+    unpack(archive, into)
+    if (into / "Manifest.json").is_file():
+        package = into.with_suffix(".mlpackage")
+        into.rename(package)
+        return package
+    found = sorted(path for path in into.glob("*.mlpackage") if (path / "Manifest.json").is_file())
+    if len(found) != 1:
+        raise BuildError(f"{archive.name}: holds {len(found)} .mlpackage folders, expected 1")
+    return found[0]
+
+
+def _kv_positions(source: Path) -> set[int]:
+    analysis = analyze_mlpackage(source)
+    return {state.positions for state in analysis.states if state.positions}
+
+
+def build_from_package(
+    source: Path,
+    model: str,
+    identity: str,
+    config: ModelConfig,
+    variant: VariantSpec,
+    out_dir: Path,
+    progress: ProgressCallback | None = None,
+) -> BuildReport:
+    """``source`` (an unpacked .mlpackage) as the build of ``variant`` in ``out_dir``; a package
+    that cannot be read, analysed or driven by the interpreter is a :class:`BuildError` naming
+    it and why (it must follow the decode interface the harness drives)."""
+    from decodebench.analysis.analyze import AnalysisError
+    from decodebench.mil.program import MilError
+
+    if variant.package is None:
+        raise BuildError("package: this variant names no package")
+    try:
+        return _build(source, model, identity, config, variant, out_dir, progress)
+    except (AnalysisError, MilError) as error:
+        raise BuildError(f"package {variant.package}: {error}") from None
+
+
+def _build(
+    source: Path,
+    model: str,
+    identity: str,
+    config: ModelConfig,
+    variant: VariantSpec,
+    out_dir: Path,
+    progress: ProgressCallback | None,
+) -> BuildReport:
+    started = time.perf_counter()
+    clock = StageClock(progress)
+    toolchain = toolchain_versions()
+    key = request_key(identity, variant, toolchain)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / REPORT_NAME).unlink(missing_ok=True)
+    with clock.stage("analyse"):
+        positions = _kv_positions(source)
+    if positions and positions != {variant.context}:
+        raise BuildError(
+            f"context: the variant says {variant.context} but package {variant.package}'s KV "
+            f"cache holds {', '.join(str(n) for n in sorted(positions))} positions"
+        )
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".package-") as staging:
+        staged = Path(staging) / PACKAGE_NAME
+        if variant.fold:
+            _fold_and_verify(source, staged, clock)
+        else:
+            shutil.copytree(source, staged)
+        with clock.stage("check_finite"):
+            check_finite_decode(staged)
+        _replace_directory(staged, out_dir / PACKAGE_NAME)
+    with clock.stage("analyse"):
+        analysis = analyze_mlpackage(out_dir / PACKAGE_NAME)
+    report = BuildReport(
+        key=key,
+        model=model,
+        variant=variant,
+        config=config,
+        toolchain=toolchain,
+        stage_seconds=clock.seconds,
+        peak_rss_bytes=peak_rss_bytes(),
+        package=PACKAGE_NAME,
+        analysis=analysis,
+        model_identity=identity,
+        functions=analysis.functions,
+        wall_seconds=round(time.perf_counter() - started, 3),
+    )
+    if progress is not None:
+        progress("done", 1.0)
+    _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
+    return report
+
+
+def _fold_and_verify(source: Path, target: Path, clock: StageClock) -> None:
+    from decodebench.mil.fold_package import fold_mlpackage
+    from decodebench.mil.interpreter import NonFiniteError
+    from decodebench.mil.program import MilError, quiet_coremltools
+    from decodebench.mil.verify import verify_packages
+
+    try:
+        with clock.stage("fold"), quiet_coremltools():
+            folded = fold_mlpackage(source, target)
+        if not folded.changed:
+            return  # copied byte for byte: nothing to verify
+        with clock.stage("verify"), quiet_coremltools():
+            result = verify_packages(source, target, VERIFY_STEPS)
+    except NonFiniteError as error:
+        raise BuildError(f"verify: the decode is not finite: {error}") from None
+    except MilError as error:
+        raise BuildError(f"fold: {error}") from None
+    if result.non_finite is not None:
+        raise BuildError(f"verify: the decode is not finite: {result.non_finite}")
+    if not result.agree:
+        raise BuildError(
+            f"verify: the folded package differs from the uploaded one (max |Δlogit| "
+            f"{result.max_abs_diff:.3g}, first divergent step {result.first_divergent_step})"
+        )

@@ -1,0 +1,11 @@
+"""Weight quantization: the recipe grammar (no heavy imports), numerics, sensitivity, MIL ops."""
+
+from decodebench.building.quant.recipe import (
+    PRESET_RECIPES,
+    QuantRecipe,
+    RecipeError,
+    Scheme,
+    parse_recipe,
+)
+
+__all__ = ["PRESET_RECIPES", "QuantRecipe", "RecipeError", "Scheme", "parse_recipe"]
