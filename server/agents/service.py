@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 from decodebench.profiles import UnknownDeviceClass, get_profile
+from server import tenancy
 from server.errors import Conflict, InvalidInput, NotAuthenticated
 from server.models import Agent, ApiToken, Device
 
@@ -90,4 +91,10 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
 
 
 def list_devices(session: Session) -> list[Device]:
-    return list(session.scalars(select(Device).order_by(Device.device_class, Device.udid)))
+    return list(
+        session.scalars(
+            select(Device)
+            .where(tenancy.devices(session))
+            .order_by(Device.device_class, Device.udid)
+        )
+    )

@@ -24,6 +24,7 @@ from decodebench.calibration import (
 )
 from decodebench.contracts.build import BuildReport
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
+from server import tenancy
 from server.errors import Conflict
 from server.models import Build, ProfileCalibration, PromptResultRow, Run, RunState
 
@@ -53,6 +54,7 @@ def observations(
             Run.device_class == device_class,
             Run.state == RunState.succeeded,
             PromptResultRow.decode_tok_s > 0,
+            tenancy.runs(session),
         )
         .group_by(Run.id, Run.build_id)
         .order_by(Run.id)
@@ -108,6 +110,7 @@ def calibrate(
         note=fit.note,
         points=[point.model_dump(mode="json") for point in fit.points],
         requested_by=requested_by,
+        project_id=tenancy.owner(session),
     )
     session.add(calibration)
     session.flush()
@@ -119,6 +122,7 @@ def current_calibrations(session: Session) -> dict[str, ProfileCalibration]:
     """The calibration in force per device class: the newest measured one, else the newest."""
     rows = session.scalars(
         select(ProfileCalibration)
+        .where(tenancy.calibrations(session))
         .distinct(ProfileCalibration.device_class)
         .order_by(
             ProfileCalibration.device_class,
@@ -168,7 +172,7 @@ def calibration_history(
     return list(
         session.scalars(
             select(ProfileCalibration)
-            .where(ProfileCalibration.device_class == device_class)
+            .where(ProfileCalibration.device_class == device_class, tenancy.calibrations(session))
             .order_by(ProfileCalibration.created_at.desc(), ProfileCalibration.id.desc())
             .limit(limit)
         )

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.api import RateSummary, RunSummary
 from decodebench.contracts.protocol import RunResult
 from decodebench.stats import summarize
+from server import tenancy
 from server.db import follow_up_after_commit
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import (
@@ -130,7 +131,11 @@ def claim_run(session: Session, agent_id: int, device_udid: str, lease_seconds: 
     # Prefer runs that have not failed on this device, then the least-tried: a retry lands elsewhere.
     run = session.scalar(
         select(Run)
-        .where(Run.state == RunState.queued, Run.device_class == device.device_class)
+        .where(
+            Run.state == RunState.queued,
+            Run.device_class == device.device_class,
+            tenancy.claimable_by(device),
+        )
         .order_by(
             (Run.device_udid == device_udid).nulls_first(),
             Run.attempts,

@@ -142,7 +142,11 @@ def _rerun_same_builds(
     spec = SweepSpec.model_validate(bad_sweep.spec).model_copy(update={"devices": [device_class]})
     toolchain = bad_sweep.variants[0].build.toolchain
     rerun = submit_sweep(
-        session, spec, f"schedule {schedule.name} (confirmation re-run)", toolchain
+        session,
+        spec,
+        f"schedule {schedule.name} (confirmation re-run)",
+        toolchain,
+        project_id=schedule.project_id,
     )
     rerun = get_sweep(session, rerun.id)
     if [v.build_id for v in rerun.variants] != [v.build_id for v in bad_sweep.variants]:

@@ -6,6 +6,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from decodebench.contracts.domain import SweepSpec
+from server import tenancy
 from server.builds.service import get_or_create_build
 from server.errors import NotFound
 from server.models import BuildState, Run, RunState, Sweep, SweepState, SweepVariant
@@ -20,9 +21,15 @@ def interleaved_order(repetition: int, position: int, variant_count: int) -> int
 
 
 def submit_sweep(
-    session: Session, spec: SweepSpec, submitted_by: str, toolchain: dict[str, str]
+    session: Session,
+    spec: SweepSpec,
+    submitted_by: str,
+    toolchain: dict[str, str],
+    *,
+    project_id: int,
 ) -> Sweep:
     sweep = Sweep(
+        project_id=project_id,
         model=spec.model,
         spec=spec.model_dump(mode="json"),
         state=SweepState.building,
@@ -76,7 +83,7 @@ def submit_sweep(
 def get_sweep(session: Session, sweep_id: int) -> Sweep:
     sweep = session.scalar(
         select(Sweep)
-        .where(Sweep.id == sweep_id)
+        .where(Sweep.id == sweep_id, tenancy.sweeps(session))
         .options(selectinload(Sweep.variants).selectinload(SweepVariant.build))
     )
     if sweep is None:
@@ -89,6 +96,7 @@ def list_sweeps(session: Session, limit: int = 100) -> list[Sweep]:
     return list(
         session.scalars(
             select(Sweep)
+            .where(tenancy.sweeps(session))
             .order_by(Sweep.id.desc())
             .limit(limit)
             .options(selectinload(Sweep.variants))
