@@ -22,9 +22,9 @@ from decodebench.calibration import (
     calibrated_profile,
     fit_profile,
 )
-from decodebench.contracts.build import BuildReport
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
 from server import tenancy
+from server.builds.reports import readable_report
 from server.errors import Conflict
 from server.models import Build, ProfileCalibration, PromptResultRow, Run, RunState
 
@@ -64,9 +64,9 @@ def observations(
     rows = session.execute(statement).all()
     build_ids = {row.build_id for row in rows}
     analyses = {
-        build.id: BuildReport.model_validate(build.report).analysis
+        build.id: report.analysis
         for build in session.scalars(select(Build).where(Build.id.in_(build_ids)))
-        if build.report
+        if (report := readable_report(build)[0]) is not None  # an unreadable one is left out
     }
     found = []
     for row in rows:
