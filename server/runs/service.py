@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import Table, func, select
-from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningInsert
 
 from decodebench.contracts.api import RateSummary, RunSummary
 from decodebench.contracts.protocol import RunResult
@@ -46,6 +47,10 @@ def _sweep_target(session: Session, sweep_id: int) -> tuple[SweepState, str, boo
         .join(Build, Build.id == Run.build_id)
         .where(Run.sweep_id == sweep_id)
     ).all()
+    return _target_of([(run_state, build_state) for run_state, build_state in states])
+
+
+def _target_of(states: Sequence[tuple[str, str]]) -> tuple[SweepState, str, bool]:
     run_states = [run_state for run_state, _ in states]
     if all(state in TERMINAL_RUN_STATES for state in run_states):
         failed = run_states.count(RunState.failed)
@@ -76,8 +81,14 @@ def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
     the lock is taken only when the state actually changes."""
 
     def settle(follow_up: Session) -> None:
-        state = follow_up.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
-        if state is not None and _sweep_target(follow_up, sweep_id)[0] != state:
+        # One round trip: the sweep's state with every run's and build's.
+        rows = follow_up.execute(
+            select(Sweep.state, Run.state, Build.state)
+            .join(Run, Run.sweep_id == Sweep.id)
+            .join(Build, Build.id == Run.build_id)
+            .where(Sweep.id == sweep_id)
+        ).all()
+        if rows and _target_of([(run, build) for _, run, build in rows])[0] != rows[0][0]:
             refresh_sweep_state(follow_up, sweep_id)
 
     follow_up_after_commit(session, settle)
@@ -191,7 +202,17 @@ def fail_unassignable(session: Session, run: Run, reason: str) -> None:
 def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
     """Idempotent per (run, prompt) while the run runs; once it has ended its results are
     immutable: the same upload again is answered as stored, a different one is refused."""
-    run = get_run(session, run_id, lock=True)
+    # One round trip for the run (locked), its sweep's spec and the device the results name.
+    found = session.execute(
+        select(Run, Sweep.spec, Device)
+        .join(Sweep, Sweep.id == Run.sweep_id)
+        .outerjoin(Device, Device.udid == result.device_udid)
+        .where(Run.id == run_id)
+        .with_for_update(of=Run)
+    ).one_or_none()
+    if found is None:
+        raise NotFound(f"no run {run_id}")
+    run, spec, device = found
     if run.agent_id != agent_id:
         raise Conflict(f"run {run_id} is not leased to this agent")
     if run.state == RunState.succeeded:
@@ -210,11 +231,9 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         raise InvalidInput(
             f"results are from a {result.device_class}, run needs {run.device_class}"
         )
-    _check_labels(session, result)
-    sweep = session.get(Sweep, run.sweep_id)
-    assert sweep is not None
-    expected_prompts = int(sweep.spec["prompts"])
-    decode_tokens = int(sweep.spec["decode_tokens"])
+    _check_labels(device, result)
+    expected_prompts = int(spec["prompts"])
+    decode_tokens = int(spec["decode_tokens"])
     for prompt in result.prompts:
         if prompt.prompt_index >= expected_prompts:
             raise InvalidInput(
@@ -228,18 +247,20 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
             )
     # One round trip for the whole batch, through a statement compiled once per process: a
     # run's prompts arrive in one upload.
-    session.execute(
+    rows: Sequence[Any] = session.execute(
         _UPSERT_PROMPT,
         [
             {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
             for prompt in result.prompts
         ],
-    )
-    rows = session.execute(
-        select(PromptResultRow.decode_tok_s, PromptResultRow.ttft_ms).where(
-            PromptResultRow.run_id == run_id
-        )
     ).all()
+    if len({prompt.prompt_index for prompt in result.prompts}) < expected_prompts:
+        # A partial upload: the run's figures are what is stored, earlier uploads included.
+        rows = session.execute(
+            select(PromptResultRow.decode_tok_s, PromptResultRow.ttft_ms).where(
+                PromptResultRow.run_id == run_id
+            )
+        ).all()
     run.simulated = result.simulated
     run.driver = result.driver
     run.summary = _run_summary(result, rows)
@@ -253,10 +274,9 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
     return run
 
 
-def _check_labels(session: Session, result: RunResult) -> None:
+def _check_labels(device: Device | None, result: RunResult) -> None:
     """A result's labels must match the device its agent registered: an upload cannot turn a
     simulated or emulated device's timings into measured ones, nor claim another driver."""
-    device = session.scalar(select(Device).where(Device.udid == result.device_udid))
     if device is None:
         raise InvalidInput(f"device_udid: {result.device_udid} is not a registered device")
     if result.driver != device.driver:
@@ -271,7 +291,7 @@ def _check_labels(session: Session, result: RunResult) -> None:
         )
 
 
-def _upsert_prompt_statement() -> Insert:
+def _upsert_prompt_statement() -> ReturningInsert[Any]:
     table = cast(Table, PromptResultRow.__table__)
     statement = insert(table)
     kept = {"id", "run_id", "prompt_index"}
@@ -279,7 +299,7 @@ def _upsert_prompt_statement() -> Insert:
         index_elements=[table.c.run_id, table.c.prompt_index],
         set_={column.name: statement.excluded[column.name] for column in table.c
               if column.name not in kept},
-    )  # fmt: skip
+    ).returning(table.c.decode_tok_s, table.c.ttft_ms)  # fmt: skip
 
 
 _UPSERT_PROMPT = _upsert_prompt_statement()
