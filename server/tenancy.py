@@ -21,6 +21,7 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, exists, false, select, true
 from sqlalchemy.orm import Session
 
+from server.errors import Forbidden
 from server.models import (
     Alert,
     ApiToken,
@@ -129,6 +130,8 @@ def claimable_by(device: Device) -> ColumnElement[bool]:
 def owner(session: Session) -> int:
     """The project that owns what this session creates."""
     project = project_id(session)
+    if project is None and _bound(session):
+        raise Forbidden("this user token belongs to no project (create-token --project NAME)")
     if project is None:
         raise LookupError("this session is not bound to a project")
     return project

@@ -240,3 +240,15 @@ def test_tokens_land_in_the_default_project_and_stay_in_one(api, user_token) -> 
     assert created.status_code == 201
     digest = hashlib.sha256(b"never uploaded").hexdigest()
     assert api.get(f"/api/v1/artifacts/{digest}", headers=bearer(user_token)).status_code == 404
+    # A user token without a project (only an edit of the database makes one) sees nothing.
+    from sqlalchemy import text
+
+    from server.db import get_engine
+
+    with get_engine().begin() as connection:
+        connection.execute(text("UPDATE api_tokens SET project_id = NULL WHERE name = 'ci'"))
+    sweep_id = created.json()["id"]
+    assert api.get(f"/api/v1/sweeps/{sweep_id}", headers=bearer(user_token)).status_code == 404
+    assert api.get("/api/v1/sweeps", headers=bearer(user_token)).json() == []
+    refused = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token))
+    assert refused.status_code == 403 and "no project" in refused.json()["detail"]
