@@ -4,14 +4,36 @@ A build is keyed by (model, variant, toolchain). The server keys builds by the t
 settings name; a worker builds only when its installed toolchain has the same releases. Local
 version labels (``2.13.0+cpu``) name how a wheel was built, not what it computes, so they are
 dropped: the worker's own key then equals the server's.
+
+The identity also carries ``code``: a fingerprint of this repository's own source files that
+shape a package or its build.json (the decoder, conversion, quantization, analysis, the report's
+contracts). A version number does not move with every change of the converter, so without it a
+graph change would be served the old cached package. Both roles compute it from their own
+installed sources; a worker whose code differs from the server's refuses the build by name.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 
 TOOLCHAIN_PACKAGES = ("decodebench", "torch", "coremltools")
+CODE_KEY = "code"
+# The modules (files, or packages taken whole) whose source makes a package and its report.
+BUILDING_CODE = (
+    "building",
+    "modeling",
+    "analysis",
+    "mil",
+    "presets.py",
+    "contracts/build.py",
+    "contracts/analysis.py",
+    "contracts/domain.py",
+)
+PACKAGE_ROOT = Path(__file__).resolve().parent
 
 
 class ToolchainMismatch(ValueError):
@@ -30,9 +52,34 @@ def _installed(package: str) -> str:
         return "absent"
 
 
+def code_fingerprint(root: Path = PACKAGE_ROOT, modules: tuple[str, ...] = BUILDING_CODE) -> str:
+    """sha256 (first 16 hex digits) over the building modules' source files under ``root``:
+    each file's path relative to ``root`` and its bytes, in path order. Files are read, not
+    imported, so the server computes it without torch or coremltools."""
+    digest = hashlib.sha256()
+    files: list[Path] = []
+    for module in modules:
+        path = root / module
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    for path in sorted(files, key=lambda file: file.relative_to(root).as_posix()):
+        if not path.is_file():
+            raise FileNotFoundError(f"building module {path} is missing")
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def installed_code() -> str:
+    """This installation's code fingerprint (computed once per process)."""
+    return code_fingerprint()
+
+
 def installed_toolchain() -> dict[str, str]:
-    """The installed versions, read from package metadata (nothing heavy is imported)."""
-    return {package: _installed(package) for package in TOOLCHAIN_PACKAGES}
+    """The installed versions, read from package metadata (nothing heavy is imported), and the
+    fingerprint of the building code."""
+    versions = {package: _installed(package) for package in TOOLCHAIN_PACKAGES}
+    return {**versions, CODE_KEY: installed_code()}
 
 
 def toolchain_identity(versions: Mapping[str, str]) -> dict[str, str]:

@@ -10,9 +10,10 @@ from fastapi import Depends, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from server import tenancy
 from server.db import session_scope
 from server.errors import Forbidden, NotAuthenticated
-from server.models import DEFAULT_SCOPES, ApiToken, Scope, TokenKind
+from server.models import DEFAULT_PROJECT, DEFAULT_SCOPES, ApiToken, Scope, TokenKind
 
 # "function" scope: the commit happens before the response leaves, so a 201 is durable.
 SessionDep = Annotated[Session, Depends(session_scope, scope="function")]
@@ -28,11 +29,20 @@ def create_token(
     name: str,
     token: str | None = None,
     scopes: tuple[Scope, ...] = DEFAULT_SCOPES,
+    project: str | None = None,
 ) -> str:
-    """Store a new token and return its only plain-text copy."""
+    """Store a new token and return its only plain-text copy. A user token belongs to
+    ``project`` (default: the default project, created if missing); other kinds to none."""
     plain = token or f"dbk_{kind.value}_{secrets.token_urlsafe(24)}"
     if len(plain) < 16:
         raise ValueError("a token must be at least 16 characters")
+    if kind != TokenKind.user and project is not None:
+        raise ValueError(f"a {kind.value} token serves every project; --project is for user tokens")
+    project_id = (
+        tenancy.project_named(session, project or DEFAULT_PROJECT, create=True).id
+        if kind == TokenKind.user
+        else None
+    )
     existing = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(plain)))
     if existing is None:
         session.add(
@@ -41,11 +51,14 @@ def create_token(
                 name=name,
                 token_sha256=hash_token(plain),
                 scopes=[scope.value for scope in scopes],
+                project_id=project_id,
             )
         )
         session.flush()
     elif existing.kind != kind.value:
         raise ValueError(f"that token already exists as a {existing.kind} token")
+    elif existing.project_id != project_id:
+        raise ValueError("that token already exists in another project")
     return plain
 
 
@@ -73,6 +86,7 @@ def authenticated(request: Request, session: SessionDep) -> ApiToken:
     token = lookup_token(session, plain)
     if token is None:
         raise NotAuthenticated("unknown or revoked token")
+    tenancy.bind(session, token)
     return token
 
 

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from decodebench import __version__
+from decodebench.toolchain import CODE_KEY, installed_code
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/decodebench"
 
@@ -77,6 +78,7 @@ class Settings(BaseSettings):
             "decodebench": __version__,
             "coremltools": self.toolchain_coremltools,
             "torch": self.toolchain_torch,
+            CODE_KEY: installed_code(),
         }
 
 

@@ -42,14 +42,34 @@ def migrate(revision: str = "head") -> None:
 
 
 def create_token_command(
-    kind: str, name: str, token: str | None, scopes: tuple[str, ...] = ()
+    kind: str,
+    name: str,
+    token: str | None,
+    scopes: tuple[str, ...] = (),
+    project: str | None = None,
 ) -> str:
     from server.auth import create_token
     from server.db import get_sessionmaker
 
     chosen = tuple(Scope(scope) for scope in scopes) or DEFAULT_SCOPES
     with get_sessionmaker().begin() as session:
-        return create_token(session, TokenKind(kind), name, token, chosen)
+        return create_token(session, TokenKind(kind), name, token, chosen, project)
+
+
+def pin_device_command(udid: str, project: str | None) -> None:
+    """Pin a registered device to a project (it then claims only that project's runs and only
+    that project sees it), or share it again with ``project=None``."""
+    from sqlalchemy import select
+
+    from server import tenancy
+    from server.db import get_sessionmaker
+    from server.models import Device
+
+    with get_sessionmaker().begin() as session:
+        device = session.scalar(select(Device).where(Device.udid == udid).with_for_update())
+        if device is None:
+            raise ValueError(f"no registered device {udid!r} (its agent must register it first)")
+        device.project_id = tenancy.project_named(session, project).id if project else None
 
 
 def revoke_tokens_command(name: str) -> int:
@@ -100,6 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="what a user token may do (repeatable; default: read and submit)",
     )
+    token.add_argument(
+        "--project",
+        help="the project a user token belongs to (created if missing; default: default)",
+    )
+    pin = commands.add_parser("pin-device", help="make a device claim only one project's runs")
+    pin.add_argument("--udid", required=True)
+    pin.add_argument("--project", required=True, help="an existing project")
+    unpin = commands.add_parser("unpin-device", help="share a pinned device with every project")
+    unpin.add_argument("--udid", required=True)
     revoke = commands.add_parser("revoke-token", help="revoke every token with this name")
     revoke.add_argument("--name", required=True)
     prune = commands.add_parser(
@@ -115,8 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         migrate()
     elif args.command == "create-token":
         try:
-            print(create_token_command(args.kind, args.name, args.token, tuple(args.scope)))
+            print(
+                create_token_command(
+                    args.kind, args.name, args.token, tuple(args.scope), args.project
+                )
+            )
         except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    elif args.command in ("pin-device", "unpin-device"):
+        try:
+            pin_device_command(args.udid, getattr(args, "project", None))
+        except (ValueError, LookupError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
     elif args.command == "revoke-token":

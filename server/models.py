@@ -54,6 +54,24 @@ def _now_column() -> Mapped[datetime]:
     return mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+DEFAULT_PROJECT = "default"
+
+
+class Project(Base):
+    """Who owns sweeps, schedules and calibrations; a user token belongs to one project and sees
+    nothing of another's (server/tenancy.py decides what is visible)."""
+
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = _now_column()
+
+
+def _project_column(*, nullable: bool = False) -> Mapped[Any]:
+    return mapped_column(ForeignKey("projects.id"), index=True, nullable=nullable)
+
+
 class ApiToken(Base):
     __tablename__ = "api_tokens"
 
@@ -67,6 +85,8 @@ class ApiToken(Base):
     scopes: Mapped[list[Any]] = mapped_column(
         JSONB, server_default=text('\'["read", "submit"]\'::jsonb')
     )
+    # A user token's project; agent and worker tokens serve every project (None).
+    project_id: Mapped[int | None] = _project_column(nullable=True)
 
 
 class Sweep(Base):
@@ -77,6 +97,7 @@ class Sweep(Base):
     spec: Mapped[dict[str, Any]]
     state: Mapped[str] = mapped_column(String(16), default=SweepState.building)
     submitted_by: Mapped[str] = mapped_column(String(128))
+    project_id: Mapped[int] = _project_column()
     created_at: Mapped[datetime] = _now_column()
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # A finished sweep's verdicts, stored once (server/sweeps/verdict_cache.py); tens of kB for
@@ -165,6 +186,9 @@ class Device(Base):
     last_seen_at: Mapped[datetime] = _now_column()
     # The preconditions the agent found failing, each with its fix (DeviceCheck).
     failed_checks: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    # Pinned by an operator (python -m server.manage pin-device): it claims only this project's
+    # runs and only this project sees it. None: shared by every project.
+    project_id: Mapped[int | None] = _project_column(nullable=True)
 
 
 class Run(Base):
@@ -261,6 +285,7 @@ class ProfileCalibration(Base):
     note: Mapped[str] = mapped_column(Text, default="")
     points: Mapped[list[Any]]
     requested_by: Mapped[str] = mapped_column(String(128))
+    project_id: Mapped[int] = _project_column()
     created_at: Mapped[datetime] = _now_column()
 
 
@@ -297,9 +322,11 @@ class Schedule(Base):
     """A sweep spec run on a cron schedule, watched night after night (see server/schedules)."""
 
     __tablename__ = "schedules"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(64))
+    project_id: Mapped[int] = _project_column()
     spec: Mapped[dict[str, Any]]
     cron: Mapped[str] = mapped_column(String(128))
     timezone: Mapped[str] = mapped_column(String(64))

@@ -35,7 +35,7 @@ os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
 TABLES = (
     "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions, "
     "profile_calibrations, ui_sessions, sign_in_failures, webhook_attempts, webhook_deliveries, "
-    "alerts, schedule_firings, schedules, models, uploads"
+    "alerts, schedule_firings, schedules, models, uploads, projects"
 )
 
 

@@ -201,7 +201,7 @@ def test_build_report_is_written_and_keyed(builds: dict[Attention, Built]) -> No
     assert on_disk == built.report
     assert json.loads((built.directory / REPORT_NAME).read_text())["key"] == built.report.key
     toolchain = toolchain_versions()
-    assert set(toolchain) == {"decodebench", "torch", "coremltools"}
+    assert set(toolchain) == {"decodebench", "torch", "coremltools", "code"}
     assert built.report.key == build_key(TINY_GQA.name, built.report.variant, toolchain)
     # fp16 builds skip the weight-loading, sensitivity and quantization stages.
     assert {"trace", "convert", "save", "analyse"} <= set(built.report.stage_seconds)

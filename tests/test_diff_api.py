@@ -70,6 +70,7 @@ def test_diff_endpoint(api, sweep, user_token, analyses) -> None:
 
 
 def test_diff_predictions_use_the_current_profiles(api, sweep, user_token, analyses) -> None:
+    from server import tenancy
     from server.db import get_sessionmaker
     from server.models import ProfileCalibration
 
@@ -80,6 +81,7 @@ def test_diff_predictions_use_the_current_profiles(api, sweep, user_token, analy
                 dispatch_overhead_us=20.0, calibrated_parameters=["effective_bandwidth_mb_s",
                 "dispatch_overhead_us"], runs=8, builds=2, includes_simulated=False,
                 rms_relative_error=0.01, note="", points=[], requested_by="test",
+                project_id=tenancy.project_named(session, "default").id,  # the user's project
             )
         )  # fmt: skip
     a, b = (build["id"] for build in sweep["builds"])

@@ -34,3 +34,48 @@ def test_the_server_and_this_host_key_a_build_alike() -> None:
 def test_another_release_is_refused_by_name() -> None:
     with pytest.raises(ToolchainMismatch, match="build expects coremltools 8.3, this host has 9.0"):
         check_toolchain({"coremltools": "8.3"}, {"coremltools": "9.0"})
+
+
+def test_a_change_to_the_building_code_misses_the_build_cache(tmp_path) -> None:
+    """The key carries a fingerprint of the converter's own source: edit it (here in a copy of
+    the package) and a cached package built by the old code is no longer served."""
+    import json
+    import shutil
+
+    from decodebench.building.cache import BuildCache
+    from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
+    from decodebench.toolchain import BUILDING_CODE, PACKAGE_ROOT, code_fingerprint
+    from scripts.standins import MINIMAL_ANALYSIS, build_report
+
+    copy = tmp_path / "decodebench"
+    for module in BUILDING_CODE:
+        source = PACKAGE_ROOT / module
+        if source.is_dir():
+            shutil.copytree(source, copy / module, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (copy / module).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / module)
+    before = code_fingerprint(copy)
+    assert before == code_fingerprint()  # the copy is this code
+    variant = VariantSpec()
+    toolchain = {**installed_toolchain(), "code": before}
+    key = build_key("tiny-gqa", variant, toolchain)
+    out = tmp_path / "out"
+    (out / PACKAGE_NAME).mkdir(parents=True)
+    (out / PACKAGE_NAME / "Manifest.json").write_text("{}")
+    build = {"key": key, "model": "tiny-gqa", "toolchain": toolchain,
+             "variant": variant.model_dump(mode="json")}  # fmt: skip
+    (out / REPORT_NAME).write_text(json.dumps(build_report(build, MINIMAL_ANALYSIS)))
+    cache = BuildCache(tmp_path / "cache")
+    cache.store(key, out)
+    assert cache.lookup(key) is not None
+
+    with (copy / "building" / "convert.py").open("a") as source:
+        source.write("\n# a graph change\n")
+    after = code_fingerprint(copy)
+    assert after != before
+    changed = build_key("tiny-gqa", variant, {**toolchain, "code": after})
+    assert changed != key and cache.lookup(changed) is None
+    # A worker on other code refuses the server's build by name rather than mislabel it.
+    with pytest.raises(ToolchainMismatch, match=f"build expects code {before}, this host has"):
+        check_toolchain(toolchain, {**toolchain, "code": after})

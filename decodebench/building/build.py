@@ -38,7 +38,7 @@ from decodebench.building.quant.recipe import TARGETS, parse_recipe
 from decodebench.contracts.build import BuildReport, QuantSummary
 from decodebench.contracts.domain import VariantSpec
 from decodebench.presets import REGISTRY_MODELS, ModelConfig, get_preset
-from decodebench.toolchain import installed_toolchain, toolchain_identity
+from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:
     from decodebench.building.convert import Converter
@@ -99,7 +99,11 @@ def toolchain_versions(converter: Converter | None = None) -> dict[str, str]:
     installed = installed_toolchain()
     if converter is None:
         return installed
-    return {"decodebench": installed["decodebench"], **toolchain_identity(converter.versions())}
+    return {
+        "decodebench": installed["decodebench"],
+        CODE_KEY: installed[CODE_KEY],
+        **toolchain_identity(converter.versions()),
+    }
 
 
 def peak_rss_bytes() -> int:

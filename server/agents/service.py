@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 from decodebench.profiles import UnknownDeviceClass, get_profile
+from server import tenancy
 from server.errors import Conflict, InvalidInput, NotAuthenticated
 from server.models import Agent, ApiToken, Device
 
@@ -110,4 +111,10 @@ def _reported(agent: Agent, info: DeviceInfo) -> dict[str, object]:
 
 
 def list_devices(session: Session) -> list[Device]:
-    return list(session.scalars(select(Device).order_by(Device.device_class, Device.udid)))
+    return list(
+        session.scalars(
+            select(Device)
+            .where(tenancy.devices(session))
+            .order_by(Device.device_class, Device.udid)
+        )
+    )

@@ -6,10 +6,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse
 
 from decodebench.contracts.api import ArtifactStored
+from server import tenancy
 from server.artifacts.store import ArtifactStore
-from server.auth import AnyToken, WorkerToken
+from server.auth import AnyToken, SessionDep, WorkerToken
 from server.config import get_settings
-from server.errors import AUTHENTICATED_ERRORS
+from server.errors import AUTHENTICATED_ERRORS, NotFound
 from server.paths import Sha256
 
 router = APIRouter(prefix="/api/v1/artifacts", tags=["artifacts"], responses=AUTHENTICATED_ERRORS)
@@ -32,7 +33,11 @@ StoreDep = Annotated[ArtifactStore, Depends(get_store)]
         }
     },
 )
-def download_artifact(sha256: Sha256, token: AnyToken, store: StoreDep) -> FileResponse:
+def download_artifact(
+    sha256: Sha256, token: AnyToken, store: StoreDep, session: SessionDep
+) -> FileResponse:
+    if not tenancy.artifact_visible(session, sha256):
+        raise NotFound(f"no artifact {sha256}")
     return FileResponse(store.open_path(sha256), media_type="application/zip")
 
 

@@ -6,15 +6,19 @@ from sqlalchemy.orm import Session
 
 from decodebench.analysis.diff import GraphDiff, diff_analyses
 from decodebench.contracts.analysis import GraphAnalysis
+from server.builds.reports import UnreadableReport, report_of
 from server.builds.service import get_build
-from server.builds.views import build_label, report_of
+from server.builds.views import build_label
 from server.errors import Conflict
 from server.models import Build
 from server.profiles.service import current_profiles
 
 
 def stored_analysis(build: Build) -> GraphAnalysis:
-    report = report_of(build)
+    try:
+        report = report_of(build)
+    except UnreadableReport as error:
+        raise Conflict(str(error)) from None
     if report is None:
         raise Conflict(f"build {build.id} has no analysis yet (it is {build.state})")
     return report.analysis

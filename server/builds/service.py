@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec, build_key
 from decodebench.contracts.protocol import BuildFailure, BuildOutcome, BuildProgress
+from server import tenancy
 from server.builds.references import check_references
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
@@ -20,7 +21,7 @@ from server.transitions import move, record_created
 
 
 def get_build(session: Session, build_id: int, *, lock: bool = False) -> Build:
-    statement = select(Build).where(Build.id == build_id)
+    statement = select(Build).where(Build.id == build_id, tenancy.builds(session))
     if lock:
         statement = statement.with_for_update()
     build = session.scalar(statement)
@@ -55,7 +56,8 @@ def get_or_create_build(
         .on_conflict_do_nothing(index_elements=[Build.key])
         .returning(Build.id)
     )
-    build = get_build(session, inserted_id, lock=True) if inserted_id else None
+    # Not through get_build: the new build is not yet referenced by the submitter's sweep.
+    build = session.get(Build, inserted_id, with_for_update=True) if inserted_id else None
     if build is not None:
         record_created(session, "build", build.id, BuildState.queued, "requested")
         enqueue_build(session, build.id)

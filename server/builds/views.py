@@ -7,19 +7,14 @@ from collections.abc import Mapping
 from sqlalchemy.orm import object_session
 
 from decodebench.contracts.api import AnalysisSummary, BuildDetail, BuildView
-from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import BuildState
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
+from server.builds.reports import readable_report
 from server.models import Build
 from server.profiles.service import current_profiles
 
 MIB = 1024 * 1024
-
-
-def report_of(build: Build) -> BuildReport | None:
-    """The build's build.json through its model (validated when the worker completed it)."""
-    return BuildReport.model_validate(build.report) if build.report else None
 
 
 def _profiles_for(build: Build) -> Mapping[str, DeviceProfile]:
@@ -31,7 +26,7 @@ def analysis_summary(
     build: Build, profiles: Mapping[str, DeviceProfile] | None = None
 ) -> AnalysisSummary | None:
     """The headline figures of a build's analysis; predictions use the current profiles."""
-    report = report_of(build)
+    report, _ = readable_report(build)
     if report is None:
         return None
     analysis = report.analysis
@@ -59,6 +54,7 @@ def build_view(
     build: Build, *, label: str | None = None, profiles: Mapping[str, DeviceProfile] | None = None
 ) -> BuildView:
     variant = VariantSpec.model_validate(build.variant)
+    _, unreadable = readable_report(build)
     return BuildView(
         id=build.id,
         key=build.key,
@@ -70,11 +66,11 @@ def build_view(
         stage=build.stage,
         progress=build.progress,
         attempts=build.attempts,
-        error=build.error,
+        error=build.error or unreadable,
         artifact_sha256=build.artifact_sha256,
         analysis=analysis_summary(build, profiles),
     )
 
 
 def build_detail(build: Build) -> BuildDetail:
-    return BuildDetail(**build_view(build).model_dump(), report=report_of(build))
+    return BuildDetail(**build_view(build).model_dump(), report=readable_report(build)[0])

@@ -45,8 +45,8 @@ def get_profile(device_class: DeviceClass, token: UserToken, session: SessionDep
 def calibrate(
     device_class: DeviceClass, body: CalibrationRequest, token: AdminToken, session: SessionDep
 ) -> CalibrationView:
-    """Fit the device class's profile to its succeeded runs and make it current (every user's
-    predictions change, so this takes an admin token)."""
+    """Fit the device class's profile to the project's succeeded runs and make it current for
+    the project (every prediction it sees changes, so this takes an admin token)."""
     calibration = service.calibrate(
         session, device_class, token.name, include_simulated=body.include_simulated
     )

@@ -22,8 +22,9 @@ from decodebench.calibration import (
     calibrated_profile,
     fit_profile,
 )
-from decodebench.contracts.build import BuildReport
 from decodebench.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
+from server import tenancy
+from server.builds.reports import readable_report
 from server.errors import Conflict
 from server.models import Build, ProfileCalibration, PromptResultRow, Run, RunState
 
@@ -53,6 +54,7 @@ def observations(
             Run.device_class == device_class,
             Run.state == RunState.succeeded,
             PromptResultRow.decode_tok_s > 0,
+            tenancy.runs(session),
         )
         .group_by(Run.id, Run.build_id)
         .order_by(Run.id)
@@ -62,9 +64,9 @@ def observations(
     rows = session.execute(statement).all()
     build_ids = {row.build_id for row in rows}
     analyses = {
-        build.id: BuildReport.model_validate(build.report).analysis
+        build.id: report.analysis
         for build in session.scalars(select(Build).where(Build.id.in_(build_ids)))
-        if build.report
+        if (report := readable_report(build)[0]) is not None  # an unreadable one is left out
     }
     found = []
     for row in rows:
@@ -108,6 +110,7 @@ def calibrate(
         note=fit.note,
         points=[point.model_dump(mode="json") for point in fit.points],
         requested_by=requested_by,
+        project_id=tenancy.owner(session),
     )
     session.add(calibration)
     session.flush()
@@ -119,6 +122,7 @@ def current_calibrations(session: Session) -> dict[str, ProfileCalibration]:
     """The calibration in force per device class: the newest measured one, else the newest."""
     rows = session.scalars(
         select(ProfileCalibration)
+        .where(tenancy.calibrations(session))
         .distinct(ProfileCalibration.device_class)
         .order_by(
             ProfileCalibration.device_class,
@@ -168,7 +172,7 @@ def calibration_history(
     return list(
         session.scalars(
             select(ProfileCalibration)
-            .where(ProfileCalibration.device_class == device_class)
+            .where(ProfileCalibration.device_class == device_class, tenancy.calibrations(session))
             .order_by(ProfileCalibration.created_at.desc(), ProfileCalibration.id.desc())
             .limit(limit)
         )

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.protocol import RunAssignment
-from server.builds.views import report_of
+from server.builds.reports import report_of
 from server.config import Settings
 from server.models import Build, Run, Sweep
 from server.profiles.service import current_profiles

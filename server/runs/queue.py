@@ -47,6 +47,7 @@ _RANKED_SWEEPS = text(
                    / :aging_s) AS weight
     ) AS share
     WHERE s.state IN ('building', 'running')
+      AND (CAST(:project_id AS integer) IS NULL OR s.project_id = :project_id)
       AND EXISTS (
         SELECT 1 FROM runs AS q
         WHERE q.sweep_id = s.id AND q.device_class = :device_class AND q.state = 'queued'
@@ -61,13 +62,17 @@ _RANKED_SWEEPS = text(
 MAX_SWEEPS_TRIED = 8
 
 
-def ranked_sweeps(session: Session, device_class: str, aging_s: float) -> list[int]:
+def ranked_sweeps(
+    session: Session, device_class: str, aging_s: float, project_id: int | None = None
+) -> list[int]:
+    """Sweeps to take a run from, best first; only ``project_id``'s for a pinned device."""
     return list(
         session.scalars(
             _RANKED_SWEEPS,
             {
                 "device_class": device_class,
                 "aging_s": aging_s,
+                "project_id": project_id,
                 "limit": MAX_SWEEPS_TRIED,
                 **{priority.value: weight for priority, weight in PRIORITY_WEIGHTS.items()},
             },
@@ -76,10 +81,14 @@ def ranked_sweeps(session: Session, device_class: str, aging_s: float) -> list[i
 
 
 def take_next_run(
-    session: Session, device_class: str, device_udid: str, aging_s: float
+    session: Session,
+    device_class: str,
+    device_udid: str,
+    aging_s: float,
+    project_id: int | None = None,
 ) -> Run | None:
     """Lock the next run for this device (SKIP LOCKED), or None when nothing is claimable."""
-    for sweep_id in ranked_sweeps(session, device_class, aging_s):
+    for sweep_id in ranked_sweeps(session, device_class, aging_s, project_id):
         # Within a sweep: the least tried first, in the sweep's A B B A order, and a run that
         # failed on this very device only when no other is left (a retry lands elsewhere).
         # Both reads walk ix_runs_claim_order and stop at the first unlocked row.

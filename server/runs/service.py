@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import Table, select
-from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningInsert
 
 from decodebench.contracts.api import RateSummary, RunSummary
 from decodebench.contracts.protocol import RunResult
@@ -46,6 +47,10 @@ def _sweep_target(session: Session, sweep_id: int) -> tuple[SweepState, str, boo
         .join(Build, Build.id == Run.build_id)
         .where(Run.sweep_id == sweep_id)
     ).all()
+    return _target_of([(run_state, build_state) for run_state, build_state in states])
+
+
+def _target_of(states: Sequence[tuple[str, str]]) -> tuple[SweepState, str, bool]:
     run_states = [run_state for run_state, _ in states]
     if all(state in TERMINAL_RUN_STATES for state in run_states):
         failed = run_states.count(RunState.failed)
@@ -161,7 +166,10 @@ def claim_run(
             f"device {device_udid} claimed anew; its agent gave the run up",
             max_attempts,
         )
-    taken = take_next_run(session, device.device_class, device_udid, aging_s)
+    # A device pinned to a project takes only that project's runs (server/tenancy.py).
+    taken = take_next_run(
+        session, device.device_class, device_udid, aging_s, project_id=device.project_id
+    )
     if taken is None:
         return None
     run = taken
@@ -208,7 +216,17 @@ def fail_unassignable(session: Session, run: Run, reason: str) -> None:
 def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
     """Idempotent per (run, prompt) while the run runs; once it has ended its results are
     immutable: the same upload again is answered as stored, a different one is refused."""
-    run = get_run(session, run_id, lock=True)
+    # One round trip for the run (locked), its sweep's spec and the device the results name.
+    found = session.execute(
+        select(Run, Sweep.spec, Device)
+        .join(Sweep, Sweep.id == Run.sweep_id)
+        .outerjoin(Device, Device.udid == result.device_udid)
+        .where(Run.id == run_id)
+        .with_for_update(of=Run)
+    ).one_or_none()
+    if found is None:
+        raise NotFound(f"no run {run_id}")
+    run, spec, device = found
     if run.agent_id != agent_id:
         raise Conflict(f"run {run_id} is not leased to this agent")
     if run.state == RunState.succeeded:
@@ -227,11 +245,9 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
         raise InvalidInput(
             f"results are from a {result.device_class}, run needs {run.device_class}"
         )
-    _check_labels(session, result)
-    sweep = session.get(Sweep, run.sweep_id)
-    assert sweep is not None
-    expected_prompts = int(sweep.spec["prompts"])
-    decode_tokens = int(sweep.spec["decode_tokens"])
+    _check_labels(device, result)
+    expected_prompts = int(spec["prompts"])
+    decode_tokens = int(spec["decode_tokens"])
     for prompt in result.prompts:
         if prompt.prompt_index >= expected_prompts:
             raise InvalidInput(
@@ -245,18 +261,20 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
             )
     # One round trip for the whole batch, through a statement compiled once per process: a
     # run's prompts arrive in one upload.
-    session.execute(
+    rows: Sequence[Any] = session.execute(
         _UPSERT_PROMPT,
         [
             {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
             for prompt in result.prompts
         ],
-    )
-    rows = session.execute(
-        select(PromptResultRow.decode_tok_s, PromptResultRow.ttft_ms).where(
-            PromptResultRow.run_id == run_id
-        )
     ).all()
+    if len({prompt.prompt_index for prompt in result.prompts}) < expected_prompts:
+        # A partial upload: the run's figures are what is stored, earlier uploads included.
+        rows = session.execute(
+            select(PromptResultRow.decode_tok_s, PromptResultRow.ttft_ms).where(
+                PromptResultRow.run_id == run_id
+            )
+        ).all()
     run.simulated = result.simulated
     run.driver = result.driver
     run.summary = _run_summary(result, rows)
@@ -270,10 +288,9 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
     return run
 
 
-def _check_labels(session: Session, result: RunResult) -> None:
+def _check_labels(device: Device | None, result: RunResult) -> None:
     """A result's labels must match the device its agent registered: an upload cannot turn a
     simulated or emulated device's timings into measured ones, nor claim another driver."""
-    device = session.scalar(select(Device).where(Device.udid == result.device_udid))
     if device is None:
         raise InvalidInput(f"device_udid: {result.device_udid} is not a registered device")
     if result.driver != device.driver:
@@ -288,7 +305,7 @@ def _check_labels(session: Session, result: RunResult) -> None:
         )
 
 
-def _upsert_prompt_statement() -> Insert:
+def _upsert_prompt_statement() -> ReturningInsert[Any]:
     table = cast(Table, PromptResultRow.__table__)
     statement = insert(table)
     kept = {"id", "run_id", "prompt_index"}
@@ -296,7 +313,7 @@ def _upsert_prompt_statement() -> Insert:
         index_elements=[table.c.run_id, table.c.prompt_index],
         set_={column.name: statement.excluded[column.name] for column in table.c
               if column.name not in kept},
-    )  # fmt: skip
+    ).returning(table.c.decode_tok_s, table.c.ttft_ms)  # fmt: skip
 
 
 _UPSERT_PROMPT = _upsert_prompt_statement()

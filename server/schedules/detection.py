@@ -148,6 +148,7 @@ def _rerun_same_builds(
         f"schedule {schedule.name} (confirmation re-run)",
         toolchain,
         priority=SweepPriority.nightly,
+        project_id=schedule.project_id,
     )
     rerun = get_sweep(session, rerun.id)
     if [v.build_id for v in rerun.variants] != [v.build_id for v in bad_sweep.variants]:

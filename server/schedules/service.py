@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.names import SweepPriority
 from decodebench.contracts.schedules import ScheduleCreate
+from server import tenancy
 from server.config import get_settings
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Schedule, ScheduleFiring, Sweep
@@ -39,7 +40,11 @@ def clock(now: datetime | None) -> datetime:
 
 
 def create_schedule(session: Session, request: ScheduleCreate, owner: str) -> Schedule:
-    if session.scalar(select(Schedule.id).where(Schedule.name == request.name)) is not None:
+    project_id = tenancy.owner(session)
+    named = select(Schedule.id).where(
+        Schedule.name == request.name, Schedule.project_id == project_id
+    )
+    if session.scalar(named) is not None:
         raise Conflict(f"name: a schedule named {request.name!r} exists")
     if request.webhook_url and not request.webhook_secret:
         raise InvalidInput("webhook_secret: a webhook needs a secret to sign its deliveries")
@@ -50,6 +55,7 @@ def create_schedule(session: Session, request: ScheduleCreate, owner: str) -> Sc
         timezone=request.timezone,
         min_effect=request.min_effect,
         owner=owner,
+        project_id=project_id,
         enabled=True,
         webhook_url=request.webhook_url,
         webhook_secret=request.webhook_secret,
@@ -61,14 +67,18 @@ def create_schedule(session: Session, request: ScheduleCreate, owner: str) -> Sc
 
 
 def get_schedule(session: Session, schedule_id: int) -> Schedule:
-    schedule = session.get(Schedule, schedule_id)
+    schedule = session.scalar(
+        select(Schedule).where(Schedule.id == schedule_id, tenancy.schedules(session))
+    )
     if schedule is None:
         raise NotFound(f"no schedule {schedule_id}")
     return schedule
 
 
 def list_schedules(session: Session) -> list[Schedule]:
-    return list(session.scalars(select(Schedule).order_by(Schedule.id)))
+    return list(
+        session.scalars(select(Schedule).where(tenancy.schedules(session)).order_by(Schedule.id))
+    )
 
 
 def set_enabled(session: Session, schedule_id: int, enabled: bool) -> Schedule:
@@ -110,6 +120,7 @@ def fire(
         f"schedule {schedule.name}",
         get_settings().toolchain,
         priority=SweepPriority.nightly,
+        project_id=schedule.project_id,
     )
     firing = session.get_one(ScheduleFiring, firing_id)
     firing.sweep_id = sweep.id

@@ -17,6 +17,7 @@ from decodebench.contracts.schedules import (
     ScheduleView,
     SeriesView,
 )
+from server import tenancy
 from server.models import Alert, Schedule, ScheduleFiring
 from server.schedules.context import cell_key
 from server.schedules.service import next_due
@@ -74,7 +75,7 @@ def alert_view(alert: Alert) -> AlertView:
 def list_alerts(
     session: Session, schedule_id: int | None = None, status: AlertStatus | None = None
 ) -> list[AlertView]:
-    query = select(Alert).order_by(Alert.id.desc()).limit(200)
+    query = select(Alert).where(tenancy.alerts(session)).order_by(Alert.id.desc()).limit(200)
     if schedule_id is not None:
         query = query.where(Alert.schedule_id == schedule_id)
     if status is not None:

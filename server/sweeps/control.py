@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.profiles import DEVICE_PROFILES
+from server import tenancy
 from server.errors import Conflict, NotFound
 from server.models import Build, BuildState, Device, Run, RunState, Sweep, SweepState
 from server.runs.service import refresh_sweep_state
@@ -31,7 +32,9 @@ def _end_run(session: Session, run: Run, reason: str) -> None:
 
 def cancel_sweep(session: Session, sweep_id: int, user_name: str) -> Sweep:
     """Runs not started fail as cancelled; running ones finish (their results stay honest)."""
-    sweep = session.scalar(select(Sweep).where(Sweep.id == sweep_id).with_for_update())
+    sweep = session.scalar(
+        select(Sweep).where(Sweep.id == sweep_id, tenancy.sweeps(session)).with_for_update()
+    )
     if sweep is None:
         raise NotFound(f"sweep {sweep_id} does not exist")
     if sweep.state in (SweepState.completed, SweepState.failed):
@@ -48,7 +51,9 @@ def cancel_sweep(session: Session, sweep_id: int, user_name: str) -> Sweep:
 
 def retry_run(session: Session, sweep_id: int, run_id: int, user_name: str) -> Run:
     run = session.scalar(
-        select(Run).where(Run.id == run_id, Run.sweep_id == sweep_id).with_for_update()
+        select(Run)
+        .where(Run.id == run_id, Run.sweep_id == sweep_id, tenancy.runs(session))
+        .with_for_update()
     )
     if run is None:
         raise NotFound(f"sweep {sweep_id} has no run {run_id}")
@@ -79,16 +84,23 @@ def is_ready(device: Device) -> bool:
 
 def ready_devices_by_class(session: Session) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for device in session.scalars(select(Device)):
+    for device in session.scalars(select(Device).where(tenancy.devices(session))):
         if is_ready(device):
             counts[device.device_class] = counts.get(device.device_class, 0) + 1
     return counts
 
 
-def unschedulable_reasons(session: Session, device_classes: set[str]) -> dict[str, str]:
+def unschedulable_reasons(
+    session: Session, device_classes: set[str], project: int | None = None
+) -> dict[str, str]:
     """Device class -> why no device can take its runs now; classes with a ready device are
-    absent. Devices count as ready when connected with status ``ready``."""
-    devices = session.scalars(select(Device).where(Device.device_class.in_(device_classes))).all()
+    absent. Devices count as ready when connected with status ``ready``; those pinned to
+    another project than the viewer's (or ``project``) do not count."""
+    devices = session.scalars(
+        select(Device).where(
+            Device.device_class.in_(device_classes), tenancy.devices(session, project)
+        )
+    ).all()
     reasons = {}
     for device_class in sorted(device_classes):
         own = [device for device in devices if device.device_class == device_class]
@@ -109,19 +121,25 @@ def fail_unschedulable_runs(session: Session, wait_seconds: float) -> list[int]:
     """Queued runs older than ``wait_seconds`` whose device class has no ready device fail
     with the reason; called by the periodic reconcile. Returns the failed run ids."""
     cutoff = datetime.now(UTC) - timedelta(seconds=wait_seconds)
-    stale = session.scalars(
-        select(Run)
+    stale = session.execute(
+        select(Run, Sweep.project_id)
+        .join(Sweep, Sweep.id == Run.sweep_id)
         .where(Run.state == RunState.queued.value, Run.created_at < cutoff)
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=Run, skip_locked=True)
     ).all()
-    reasons = unschedulable_reasons(session, {run.device_class for run in stale})
+    reasons = {
+        project: unschedulable_reasons(
+            session, {run.device_class for run, owner in stale if owner == project}, project
+        )
+        for project in {owner for _, owner in stale}
+    }
     failed = []
-    for run in stale:
-        if run.device_class in reasons:
+    for run, project in stale:
+        if run.device_class in reasons[project]:
             waited = int(wait_seconds // 60)
-            _end_run(session, run, f"{reasons[run.device_class]} (waited {waited} min)")
+            _end_run(session, run, f"{reasons[project][run.device_class]} (waited {waited} min)")
             failed.append(run.id)
     session.flush()
-    for sweep_id in sorted({run.sweep_id for run in stale if run.id in failed}):
+    for sweep_id in sorted({run.sweep_id for run, _ in stale if run.id in failed}):
         refresh_sweep_state(session, sweep_id)
     return failed

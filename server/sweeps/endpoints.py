@@ -7,6 +7,7 @@ from fastapi import APIRouter, Query
 from decodebench.contracts.api import RunView, SweepDetail, SweepOverview, VerdictsView
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.verdicts import MAX_MIN_EFFECT
+from server import tenancy
 from server.auth import SessionDep, SubmitToken, UserToken
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS
@@ -21,7 +22,9 @@ router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=AUTHENTIC
 
 @router.post("", status_code=201, response_model=SweepDetail)
 def submit_sweep(spec: SweepSpec, token: SubmitToken, session: SessionDep) -> SweepDetail:
-    sweep = service.submit_sweep(session, spec, token.name, get_settings().toolchain)
+    sweep = service.submit_sweep(
+        session, spec, token.name, get_settings().toolchain, project_id=tenancy.owner(session)
+    )
     return sweep_detail(session, service.get_sweep(session, sweep.id))
 
 

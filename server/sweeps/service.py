@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.names import SweepPriority
+from server import tenancy
 from server.builds.service import get_or_create_build
 from server.errors import NotFound
 from server.models import BuildState, Run, RunState, Sweep, SweepState, SweepVariant
@@ -27,10 +28,13 @@ def submit_sweep(
     submitted_by: str,
     toolchain: dict[str, str],
     priority: SweepPriority = SweepPriority.adhoc,
+    *,
+    project_id: int,
 ) -> Sweep:
     """``priority`` is how it was submitted (a schedule: nightly); the spec's own wins."""
     identities = variant_identities(session, spec)  # 422 before anything is written
     sweep = Sweep(
+        project_id=project_id,
         model=spec.model,
         spec=spec.model_dump(mode="json"),
         state=SweepState.building,
@@ -92,7 +96,7 @@ def submit_sweep(
 def get_sweep(session: Session, sweep_id: int) -> Sweep:
     sweep = session.scalar(
         select(Sweep)
-        .where(Sweep.id == sweep_id)
+        .where(Sweep.id == sweep_id, tenancy.sweeps(session))
         .options(selectinload(Sweep.variants).selectinload(SweepVariant.build))
     )
     if sweep is None:
@@ -105,6 +109,7 @@ def list_sweeps(session: Session, limit: int = 100) -> list[Sweep]:
     return list(
         session.scalars(
             select(Sweep)
+            .where(tenancy.sweeps(session))
             .order_by(Sweep.id.desc())
             .limit(limit)
             .options(selectinload(Sweep.variants))

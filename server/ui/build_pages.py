@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec
 from decodebench.profiles import DEVICE_PROFILES
+from server import tenancy
 from server.artifacts.endpoints import StoreDep
 from server.auth import SessionDep
 from server.builds import service
@@ -34,6 +35,7 @@ def other_builds(session: Session, build: Build) -> list[Build]:
                 Build.model == build.model,
                 Build.id != build.id,
                 Build.state == BuildState.succeeded.value,
+                tenancy.builds(session),
             )
             .order_by(Build.id.desc())
             .limit(PICKER_LIMIT)

@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from starlette.datastructures import FormData
 
+from server import tenancy
 from server.auth import SessionDep
 from server.errors import Forbidden
 from server.models import ApiToken, UiSession
@@ -44,6 +45,7 @@ def ui_session(request: Request, session: SessionDep) -> UiSession:
     if row is None:
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(path if request.method == "GET" else "/")
+    tenancy.bind(session, row.token)
     request.state.csrf_token = row.csrf_token
     return row
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.schedules import AlertStatus, AlertView, SeriesView
 from decodebench.profiles import DEVICE_PROFILES
+from server import tenancy
 from server.models import Alert, Schedule, ScheduleFiring, Sweep
 from server.schedules import service, views
 from server.ui.charts import ChangeMarker, NightPoint, trend_chart
@@ -58,15 +59,20 @@ def schedules_context(session: Session) -> dict[str, Any]:
         firing.schedule_id: firing
         for firing in session.scalars(
             select(ScheduleFiring)
+            .where(
+                ScheduleFiring.schedule_id.in_(
+                    select(Schedule.id).where(tenancy.schedules(session))
+                )
+            )
             .distinct(ScheduleFiring.schedule_id)
             .order_by(ScheduleFiring.schedule_id, ScheduleFiring.due_at.desc())
         )
     }
     counts: dict[int, dict[str, int]] = defaultdict(dict)
     for schedule_id, status, count in session.execute(
-        select(Alert.schedule_id, Alert.status, func.count()).group_by(
-            Alert.schedule_id, Alert.status
-        )
+        select(Alert.schedule_id, Alert.status, func.count())
+        .where(tenancy.alerts(session))
+        .group_by(Alert.schedule_id, Alert.status)
     ):
         counts[schedule_id][status] = count
     states = _sweep_states(session, {f.sweep_id for f in last.values() if f.sweep_id})

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.domain import Attention, KVCache, SweepSpec
 from decodebench.presets import PRESETS
 from decodebench.profiles import DEVICE_PROFILES
+from server import tenancy
 from server.auth import SessionDep
 from server.builds.diff import diff_builds
 from server.config import get_settings
@@ -89,7 +90,9 @@ def submit_sweep(
             form=form,
             **_form_context(session),
         )
-    sweep = service.submit_sweep(session, spec, user.name, get_settings().toolchain)
+    sweep = service.submit_sweep(
+        session, spec, user.name, get_settings().toolchain, project_id=tenancy.owner(session)
+    )
     return RedirectResponse(f"/sweeps/{sweep.id}", status_code=303)
 
 
@@ -115,7 +118,7 @@ def calibrate_profile(
     reason), so reloading never re-posts."""
     include_simulated = form.get("include_simulated") == "1"
     if Scope.admin.value not in user.scopes:
-        message = "Calibrating changes every user's predictions: it needs an admin token."
+        message = "Calibrating changes your project's predictions: it needs an admin token."
         return RedirectResponse(f"/profiles?error={quote(message)}", status_code=303)
     try:
         profiles_service.calibrate(
