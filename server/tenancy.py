@@ -34,6 +34,7 @@ from server.models import (
     Sweep,
     SweepVariant,
     TokenKind,
+    Upload,
 )
 
 _PROJECT_KEY = "tenancy.project_id"
@@ -89,12 +90,14 @@ def builds(session: Session) -> ColumnElement[bool]:
 
 
 def artifact_visible(session: Session, sha256: str) -> bool:
-    """An artifact is visible when a visible build produced it."""
+    """An artifact is visible when a visible build produced it, or when it arrived through the
+    upload API (a file of a model users brought: models are not project-scoped yet, and their
+    file hashes are listed by ``GET /api/v1/models/{name}``)."""
     if not _bound(session):
         return True
-    return bool(
-        session.scalar(select(exists().where(Build.artifact_sha256 == sha256, builds(session))))
-    )
+    produced = exists().where(Build.artifact_sha256 == sha256, builds(session))
+    uploaded = exists().where(Upload.sha256 == sha256, Upload.state == "finished")
+    return bool(session.scalar(select(produced | uploaded)))
 
 
 def schedules(session: Session) -> ColumnElement[bool]:

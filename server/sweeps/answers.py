@@ -20,7 +20,7 @@ from decodebench.contracts.verdicts import OutputAgreement
 from decodebench.detokenize import DetokenizerError, detokenize, load_table
 from decodebench.judging.agreement import first_divergence, reference_agreement
 from decodebench.judging.measurements import VariantRuns
-from server.builds.reports import report_of
+from server.builds.reports import readable_report
 from server.models import Sweep
 from server.sweeps.verdicts import measured_arms
 
@@ -31,7 +31,7 @@ SHOWN_PROMPTS = 3
 def references_of(sweep: Sweep) -> ReferenceOutputs | None:
     """The sweep's reference outputs: every build of its model carries the same ones."""
     for variant in sweep.variants:
-        report = report_of(variant.build)
+        report, _ = readable_report(variant.build)  # an unreadable one is named elsewhere
         if report is not None and report.references is not None:
             return report.references
     return None
