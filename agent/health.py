@@ -3,7 +3,8 @@
 The driver reports facts (battery, charging, locked, paired, developer mode); the agent adds
 what it learned from the harness (thermal state at the end of the last run) and holds devices
 whose last run failed because of the device itself. The result is the device's `status`:
-"ready", or the reason it waits, as shown on the fleet page.
+ready, or the reason it waits (a `DeviceStatus`, with the particulars in `status_detail`), as
+shown on the fleet page.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceInfo, ThermalState
 
-READY = "ready"
-BUSY = "busy"
+READY = DeviceStatus.ready
+BUSY = DeviceStatus.busy
 HOT = {ThermalState.serious, ThermalState.critical}
 MAX_HOLD_S = 300.0
 
@@ -34,7 +36,7 @@ class DeviceHealth:
 
     thermal_state: ThermalState = ThermalState.unknown
     thermal_at: float | None = None
-    held_status: str | None = None
+    held_status: DeviceStatus | None = None
     held_until: float = 0.0
     holds: int = 0
 
@@ -42,7 +44,7 @@ class DeviceHealth:
         self.thermal_state = state
         self.thermal_at = time.monotonic() if now is None else now
 
-    def hold(self, status: str, policy: HealthPolicy, now: float | None = None) -> float:
+    def hold(self, status: DeviceStatus, policy: HealthPolicy, now: float | None = None) -> float:
         """Stop claiming for a while after a device failure; returns the hold in seconds."""
         now = time.monotonic() if now is None else now
         seconds = min(policy.hold_s * 2**self.holds, MAX_HOLD_S)
@@ -64,21 +66,24 @@ def gate(
     info = info.model_copy(update={"thermal_state": health.thermal_state})
     if health.held_status is not None and now < health.held_until:
         return info.model_copy(update={"status": health.held_status})
-    status = info.status
-    if status == READY:
-        status = _policy_status(info, health, policy, now)
-    return info.model_copy(update={"status": status[:64]})
+    if info.status != READY:
+        return info
+    status, detail = _policy_status(info, health, policy, now)
+    return info.model_copy(update={"status": status, "status_detail": detail})
 
 
-def _policy_status(info: DeviceInfo, health: DeviceHealth, policy: HealthPolicy, now: float) -> str:
+def _policy_status(
+    info: DeviceInfo, health: DeviceHealth, policy: HealthPolicy, now: float
+) -> tuple[DeviceStatus, str]:
     if (
         info.battery_level is not None
         and info.battery_level < policy.min_battery
         and not info.charging
     ):
-        return f"low battery: {info.battery_level}% and not charging"
+        return DeviceStatus.low_battery, f"{info.battery_level}% and not charging"
     if health.thermal_state in HOT and health.thermal_at is not None:
         remaining_s = policy.cooldown_s - (now - health.thermal_at)
         if remaining_s > 0:
-            return f"cooling: thermal {health.thermal_state.value}, {remaining_s:.0f} s left"
-    return READY
+            detail = f"thermal {health.thermal_state.value}, {remaining_s:.0f} s left"
+            return DeviceStatus.cooling, detail
+    return READY, ""

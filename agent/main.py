@@ -42,6 +42,7 @@ from agent.registration import (
 )
 from agent.runner import RunExecutor, RunOutcome
 from decodebench.client import ApiError, DecodebenchClient
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import AgentRegistration, ClaimResponse, DeviceInfo
 
 log = logging.getLogger("agent")
@@ -146,7 +147,7 @@ class Agent:
             if slot.thread is not None:
                 # A run in flight finishes or fails; a long-poll claim is not waited out.
                 slot.thread.join(None if slot.current_run is not None else IDLE_THREAD_JOIN_S)
-        self._send_heartbeat(status="offline")
+        self._send_heartbeat(status=DeviceStatus.offline)
         log.info("agent stopped (%s)", self._stop_reason)
         return 0
 
@@ -168,12 +169,14 @@ class Agent:
         """The devices as the server is told about them (connected ones, with their status)."""
         return self._inventory()
 
-    def _inventory(self, status: str | None = None) -> list[DeviceInfo]:
+    def _inventory(self, status: DeviceStatus | None = None) -> list[DeviceInfo]:
+        """What the heartbeat reports: ``status`` for every device when given (offline), else
+        busy for a device running one of our runs, else what its health says."""
         with self._lock:
             return [
-                slot.info.model_copy(
-                    update={"status": status or (BUSY if slot.current_run else slot.info.status)}
-                )
+                slot.info
+                if status is None and not slot.current_run
+                else slot.info.model_copy(update={"status": status or BUSY, "status_detail": ""})
                 for slot in self._slots.values()
                 if slot.connected
             ]
@@ -240,7 +243,7 @@ class Agent:
                 # Changes meanwhile go together in the next one.
                 self.stop.wait(min(HEARTBEAT_MIN_GAP_S, interval_s))
 
-    def _send_heartbeat(self, status: str | None = None) -> None:
+    def _send_heartbeat(self, status: DeviceStatus | None = None) -> None:
         try:
             self.client.heartbeat(self._inventory(status))
         except ApiError as error:
@@ -276,7 +279,9 @@ class Agent:
                 info = self.driver.health(slot.info)
             except Exception as error:  # a probe must never kill the device thread
                 log.exception("health probe of %s failed", slot.info.udid)
-                info = slot.info.model_copy(update={"status": f"unreachable: {error}"[:64]})
+                info = slot.info.model_copy(
+                    update={"status": DeviceStatus.unreachable, "status_detail": str(error)[:200]}
+                )
             slot.probed_at = now
             if held:
                 if info.status == READY:

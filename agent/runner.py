@@ -29,6 +29,7 @@ from agent.drivers.base import (
 )
 from agent.outbox import Outbox
 from decodebench.client import ApiError, DecodebenchClient
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.presets import get_model
 from decodebench.profiles import DEVICE_PROFILES
@@ -54,7 +55,9 @@ class RunOutcome:
     completed: bool
     reason: str = ""
     result: RunResult | None = None
-    device_status: str | None = None  # what a device failure says about the device (locked …)
+    device_status: DeviceStatus | None = (
+        None  # what a device failure says about the device (locked …)
+    )
 
 
 def build_job(assignment: RunAssignment, device: DeviceInfo | None = None) -> HarnessJob:

@@ -182,6 +182,7 @@ class Device(Base):
     charging: Mapped[bool | None] = mapped_column(Boolean)
     thermal_state: Mapped[str] = mapped_column(String(16), default="unknown")
     status: Mapped[str] = mapped_column(String(64), default="ready")
+    status_detail: Mapped[str] = mapped_column(String(200), default="", server_default="")
     connected: Mapped[bool] = mapped_column(Boolean, default=True)
     last_seen_at: Mapped[datetime] = _now_column()
     # The preconditions the agent found failing, each with its fix (DeviceCheck).

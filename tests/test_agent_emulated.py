@@ -92,10 +92,12 @@ def run_reasons(run_id: int) -> list[str]:
 
 
 def device_status() -> dict[str, tuple[str, bool]]:
+    """Each device's status with its particulars, as the fleet page shows it."""
     return {
-        row.udid: (row.status, row.connected)
-        for row in query("SELECT udid, status, connected FROM devices")
-    }
+        row.udid: (f"{row.status}: {row.status_detail}" if row.status_detail else row.status,
+                   row.connected)
+        for row in query("SELECT udid, status, status_detail, connected FROM devices")
+    }  # fmt: skip
 
 
 def test_faults_are_retried_on_other_devices_and_gates_hold_unfit_ones(

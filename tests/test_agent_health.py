@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from agent.config import parse_settings
 from agent.health import DeviceHealth, HealthPolicy, gate
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceInfo, ThermalState
 
 POLICY = HealthPolicy(min_battery=20, cooldown_s=100, hold_s=10)
@@ -27,9 +29,8 @@ def test_a_healthy_device_is_ready() -> None:
 
 
 def test_a_flat_battery_waits_unless_charging() -> None:
-    assert gate(device(battery_level=12, charging=False), DeviceHealth(), POLICY).status == (
-        "low battery: 12% and not charging"
-    )
+    flat = gate(device(battery_level=12, charging=False), DeviceHealth(), POLICY)
+    assert (flat.status, flat.status_detail) == (DeviceStatus.low_battery, "12% and not charging")
     assert gate(device(battery_level=12, charging=True), DeviceHealth(), POLICY).status == "ready"
 
 
@@ -40,9 +41,10 @@ def test_a_hot_device_cools_down_for_the_policy_time() -> None:
     cooling = gate(device(), health, POLICY, now=1040.0)
     cooled = gate(device(), health, POLICY, now=1100.5)
 
-    assert cooling.status == "cooling: thermal serious, 60 s left"
+    assert cooling.status == DeviceStatus.cooling
+    assert cooling.status_detail == "thermal serious, 60 s left"
     assert cooling.thermal_state == ThermalState.serious
-    assert cooled.status == "ready"
+    assert (cooled.status, cooled.status_detail) == (DeviceStatus.ready, "")
 
 
 def test_fair_is_warm_enough_to_run() -> None:
@@ -55,10 +57,10 @@ def test_fair_is_warm_enough_to_run() -> None:
 def test_a_device_failure_holds_the_device_with_doubling_holds() -> None:
     health = DeviceHealth()
 
-    first = health.hold("locked", POLICY, now=0.0)
+    first = health.hold(DeviceStatus.locked, POLICY, now=0.0)
     assert gate(device(), health, POLICY, now=5.0).status == "locked"
     assert gate(device(), health, POLICY, now=10.5).status == "ready"  # the probe decides again
-    second = health.hold("locked", POLICY, now=20.0)
+    second = health.hold(DeviceStatus.locked, POLICY, now=20.0)
     health.release()
 
     assert (first, second) == (10.0, 20.0)
@@ -117,3 +119,9 @@ def test_bad_driver_settings_exit_with_a_message(
 
     assert caught.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_status_outside_the_fixed_set_is_refused() -> None:
+    """The particulars go in status_detail; the status itself is one of a fixed set."""
+    with pytest.raises(ValidationError, match="status"):
+        device(status="cooling: thermal serious, 40 s left")

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from decodebench.contracts.names import Driver
+from decodebench.contracts.names import DeviceStatus, Driver
 from decodebench.contracts.protocol import DeviceInfo, RunResult
 from decodebench.devices.harness import HarnessJob, HarnessPrompt
 
@@ -40,7 +40,7 @@ class DriverError(Exception):
     """
 
     def __init__(
-        self, message: str, device_log: str = "", device_status: str | None = None
+        self, message: str, device_log: str = "", device_status: DeviceStatus | None = None
     ) -> None:
         super().__init__(message)
         self.device_log = device_log

@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
-from decodebench.contracts.names import REPORT_NAME, Driver
+from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 from decodebench.devices.harness import MonotonicClock, run_prompt, warm_up
 from decodebench.devices.host_decode import HostEngine
@@ -117,7 +117,7 @@ class HostDriver:
         return [self.device]
 
     def health(self, device: DeviceInfo) -> DeviceInfo:
-        return device.model_copy(update={"status": "ready"})
+        return device.model_copy(update={"status": DeviceStatus.ready})
 
     def prepare(self, device: DeviceInfo) -> None:
         self._run = None

@@ -30,13 +30,14 @@ from agent.drivers.ios_errors import (
     NOT_PAIRED,
     PROFILE_UNTRUSTED,
 )
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, ThermalState
 from decodebench.devices.harness import HARNESS_PROTOCOL_VERSION
 
 # Core ML compiles the pushed .mlpackage into an .mlmodelc next to it: room for both.
 SPACE_FACTOR = 2
 HOT = {ThermalState.serious, ThermalState.critical}
-READY = "ready"
+READY = DeviceStatus.ready
 # The device status a failing check puts the device in (other failures only inform).
 STATUS_BY_CHECK = {
     "paired and trusted": NOT_PAIRED,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.drivers.base import DriverError
-from decodebench.contracts.names import Driver
+from decodebench.contracts.names import DeviceStatus, Driver
 from decodebench.contracts.protocol import DeviceInfo
 from decodebench.devices.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES
@@ -25,7 +25,7 @@ class UnknownDevice(Exception):
 
 
 DRIVER_NAME = Driver.pymobiledevice3
-READY = "ready"
+READY = DeviceStatus.ready
 LOG_TAIL_LINES = 40
 DEVICE_CLASS_BY_PRODUCT = {
     product_type: profile.device_class

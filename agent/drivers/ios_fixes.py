@@ -3,17 +3,18 @@ import: the agent's main loop attaches the fix to a held device's status)."""
 
 from __future__ import annotations
 
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo
 
-LOCKED = "locked"
-NOT_PAIRED = "not paired"
-DEVELOPER_MODE_OFF = "developer mode off"
-DISCONNECTED = "disconnected"
-USBMUXD_DOWN = "usbmuxd unreachable"
-PROFILE_UNTRUSTED = "developer profile not trusted"
-DDI_NOT_MOUNTED = "developer disk image not mounted"
-NO_TUNNEL = "no tunnel (iOS 17+)"
-KILLED_BY_IOS = "harness killed by iOS"
+LOCKED = DeviceStatus.locked
+NOT_PAIRED = DeviceStatus.not_paired
+DEVELOPER_MODE_OFF = DeviceStatus.developer_mode_off
+DISCONNECTED = DeviceStatus.disconnected
+USBMUXD_DOWN = DeviceStatus.usbmuxd_unreachable
+PROFILE_UNTRUSTED = DeviceStatus.profile_untrusted
+DDI_NOT_MOUNTED = DeviceStatus.ddi_not_mounted
+NO_TUNNEL = DeviceStatus.no_tunnel
+KILLED_BY_IOS = DeviceStatus.killed_by_ios
 
 LOCKED_HINT = "unlock it, and keep Auto-Lock off (Settings > Display & Brightness)"
 DEVELOPER_MODE_HINT = "turn it on in Settings > Privacy & Security > Developer Mode (reboots)"

@@ -47,6 +47,7 @@ from agent.drivers.ios_discovery import DeviceDirectory
 from agent.drivers.ios_errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchError, device_error
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
+from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
 from decodebench.devices.harness import (
     HARNESS_LOG,
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-READY = "ready"
+READY = DeviceStatus.ready
 LOG_TAIL_LINES = 40
 
 
@@ -131,8 +132,11 @@ class Pymobiledevice3Driver:
             record = self._record(device)
             checks = self.checks(device, None)
         except DriverError as error:
-            status = error.device_status or f"unreachable: {error}"
-            return device.model_copy(update={"status": status[:64]})
+            if error.device_status is not None:
+                return device.model_copy(update={"status": error.device_status})
+            return device.model_copy(
+                update={"status": DeviceStatus.unreachable, "status_detail": str(error)[:200]}
+            )
         checks.append(profile_check(record.launch_problem))
         update: dict[str, Any] = {
             "status": status_of(checks, can_mount=self.options.ddi_folder is not None),

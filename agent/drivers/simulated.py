@@ -37,7 +37,7 @@ from agent.drivers.base import (
     InstalledModel,
 )
 from decodebench.client import file_sha256
-from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, Driver
+from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, DeviceStatus, Driver
 from decodebench.contracts.protocol import (
     DeviceInfo,
     PromptResult,
@@ -250,7 +250,7 @@ class SimulatedDriver:
 
     def health(self, device: DeviceInfo) -> DeviceInfo:
         self._state(device)
-        return device.model_copy(update={"status": "ready"})
+        return device.model_copy(update={"status": DeviceStatus.ready})
 
     def close(self) -> None:
         pass

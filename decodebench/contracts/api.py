@@ -15,7 +15,7 @@ from decodebench.contracts.analysis import BytesPerToken
 from decodebench.contracts.base import Contract
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
-from decodebench.contracts.names import BuildState, Driver, RunState, SweepState
+from decodebench.contracts.names import BuildState, DeviceStatus, Driver, RunState, SweepState
 from decodebench.contracts.protocol import DeviceCheck, ThermalState
 from decodebench.contracts.verdicts import OutputAgreement, VariantVerdict
 
@@ -235,7 +235,8 @@ class DeviceView(_Response):
     os_version: str
     driver: Driver
     simulated: bool
-    status: str
+    status: DeviceStatus
+    status_detail: str
     connected: bool
     battery_level: int | None
     charging: bool | None

@@ -42,6 +42,27 @@ class RunState(StrEnum):
 TERMINAL_RUN_STATES = (RunState.succeeded, RunState.failed)
 
 
+class DeviceStatus(StrEnum):
+    """Whether a device can take a run now, or the one reason it cannot; the particulars (how
+    long it cools, the battery level, the error) go in ``DeviceInfo.status_detail``."""
+
+    ready = "ready"
+    busy = "busy"  # running one of our runs
+    offline = "offline"  # its agent stopped
+    unreachable = "unreachable"  # the health probe itself failed
+    cooling = "cooling"
+    low_battery = "low battery"
+    locked = "locked"
+    not_paired = "not paired"
+    developer_mode_off = "developer mode off"
+    disconnected = "disconnected"
+    usbmuxd_unreachable = "usbmuxd unreachable"
+    profile_untrusted = "developer profile not trusted"
+    ddi_not_mounted = "developer disk image not mounted"
+    no_tunnel = "no tunnel (iOS 17+)"
+    killed_by_ios = "harness killed by iOS"
+
+
 class Driver(StrEnum):
     """How an agent reaches a device, and so how far its timings can be trusted."""
 

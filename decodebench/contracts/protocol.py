@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, mode
 from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.names import Driver
+from decodebench.contracts.names import DeviceStatus, Driver
 from decodebench.profiles import DeviceProfile
 
 PROTOCOL_VERSION = 1
@@ -54,8 +54,11 @@ class DeviceInfo(Incoming):
     battery_level: StrictInt | None = Field(default=None, ge=0, le=100)
     charging: StrictBool | None = None
     thermal_state: ThermalState = ThermalState.unknown
-    status: str = Field(
-        default="ready", max_length=64, description="ready, busy, cooling, locked …"
+    status: DeviceStatus = Field(
+        default=DeviceStatus.ready, description="ready, or the one reason it cannot take a run"
+    )
+    status_detail: str = Field(
+        default="", max_length=200, description="The particulars, e.g. 'thermal serious, 40 s left'"
     )
     failed_checks: list[DeviceCheck] = Field(
         default_factory=list,

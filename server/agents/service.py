@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from decodebench.contracts.names import Driver
+from decodebench.contracts.names import DeviceStatus, Driver
 from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 from decodebench.profiles import UnknownDeviceClass, get_profile
 from server import tenancy
@@ -90,7 +90,8 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
     for udid, device in existing.items():
         if udid not in udids and device.agent_id == agent.id:
             device.connected = False
-            device.status = "disconnected"
+            device.status = DeviceStatus.disconnected
+            device.status_detail = ""
 
 
 def _reported(agent: Agent, info: DeviceInfo) -> dict[str, object]:
@@ -104,7 +105,8 @@ def _reported(agent: Agent, info: DeviceInfo) -> dict[str, object]:
         "battery_level": info.battery_level,
         "charging": info.charging,
         "thermal_state": info.thermal_state.value,
-        "status": info.status,
+        "status": info.status.value,
+        "status_detail": info.status_detail,
         "failed_checks": [check.model_dump(mode="json") for check in info.failed_checks],
         "connected": True,
     }

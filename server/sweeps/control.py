@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.names import DeviceStatus
 from decodebench.profiles import DEVICE_PROFILES
 from server import tenancy
 from server.errors import Conflict, NotFound
@@ -79,7 +80,7 @@ def retry_run(session: Session, sweep_id: int, run_id: int, user_name: str) -> R
 
 
 def is_ready(device: Device) -> bool:
-    return device.connected and device.status == "ready"
+    return device.connected and device.status == DeviceStatus.ready
 
 
 def ready_devices_by_class(session: Session) -> dict[str, int]:
@@ -112,7 +113,11 @@ def unschedulable_reasons(
             continue
         last = max(own, key=lambda device: device.last_seen_at)
         when = last.last_seen_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-        state = "disconnected" if not last.connected else last.status
+        state = (
+            DeviceStatus.disconnected.value
+            if not last.connected
+            else ": ".join(part for part in (last.status, last.status_detail) if part)
+        )
         reasons[device_class] = f"no {name} attached and ready; last seen {when} ({state})"
     return reasons
 
