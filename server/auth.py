@@ -93,6 +93,14 @@ def authenticated(request: Request, session: SessionDep) -> ApiToken:
 AnyToken = Annotated[ApiToken, Depends(authenticated)]
 
 
+def bearer_given(request: Request) -> None:
+    """A request without a bearer token is told so (401) before its body is judged, without a
+    database connection: for endpoints that look their token up themselves (the long-poll
+    claim holds no connection while it waits)."""
+    if _bearer(request) is None:
+        raise NotAuthenticated("missing bearer token (Authorization: Bearer <token>)")
+
+
 def _require(kind: TokenKind):
     def dependency(token: AnyToken) -> ApiToken:
         if token.kind != kind.value:

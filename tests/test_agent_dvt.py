@@ -10,17 +10,13 @@ on another phone with every prompt stored exactly once.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 from stack import Stack
 
-from agent.config import AgentSettings
 from agent.doctor import largest_queued_model
-from agent.drivers.emulated import driver_for_fleet
 from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
-from agent.main import Agent
 from decodebench.client import DecodebenchClient
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from tests import test_agent_emulated as emulated
@@ -29,6 +25,7 @@ from tests.test_agent_emulated import (
     PROMPTS,
     device_status,
     finish,
+    lab,
     query,
     run_reasons,
     sweep_state,
@@ -50,54 +47,25 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
     killed = fleet.add("iphone-17-pro", ["killed-by-os"])
     ios16 = fleet.add("iphone-16-pro", ["ios=16.7.10"], attached=False)
     ios18 = fleet.add("iphone-17-pro", ["ios=18.6.2"], attached=False)
-    fleet.start()
-    driver = driver_for_fleet(fleet, tmp_path / "agent", poll_interval_s=0.05)
-    settings = AgentSettings(
-        server_url=stack.server_url,
-        token=stack.tokens["agent"],
-        name="dvt-lab",
-        driver="emulated",
-        work_dir=tmp_path / "agent",
-        poll_interval_s=0.2,
-        heartbeat_interval_s=1.0,
-        health_interval_s=0.5,
-        device_hold_s=120,
-    )
-    with DecodebenchClient(stack.server_url, stack.tokens["agent"]) as agent_client:
-        agent = Agent(settings, agent_client, driver)
-        serving = threading.Thread(target=agent.run, name="agent")
-        serving.start()
-        try:
-            with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
-                sweep = client.submit_sweep(
-                    {
-                        "model": "tiny-gqa",
-                        "variants": [{"attention": "folded", "context": 128}],
-                        "devices": ["iphone-16-pro", "iphone-17-pro"],
-                        "prompts": PROMPTS,
-                        "decode_tokens": 4,
-                    }
-                )
-                # Only broken phones are attached: each run fails on both of its class's phones.
-                wait_until(
-                    lambda: (
-                        len(query("SELECT id FROM runs WHERE attempts = 2 AND state = 'queued'"))
-                        == 2
-                    ),
-                    "every broken phone has failed a run",
-                    state=lambda: sweep_state(client, sweep.id),
-                )
-                inventory = {info.udid: info for info in agent.inventory()}
-                largest, unknown = largest_queued_model(settings, stack.tokens["user"])
-                fleet.usbmuxd.attach(ios16.udid)
-                fleet.usbmuxd.attach(ios18.udid)
-                finished = finish(stack, client, sweep.id, timeout_s=240)
-            statuses = device_status()
-        finally:
-            agent.request_stop("test finished")
-            serving.join(timeout=60)
-            driver.close()
-            fleet.stop()
+    with lab(stack, tmp_path, fleet, "dvt-lab") as running:
+        # Only broken phones are attached: each run fails on both of its class's phones.
+        wait_until(
+            lambda: len(query("SELECT id FROM runs WHERE attempts = 2 AND state = 'queued'")) == 2,
+            "every broken phone has failed a run",
+            state=lambda: sweep_state(running.client, running.sweep_id),
+        )
+        inventory = {info.udid: info for info in running.agent.inventory()}
+        largest, unknown = largest_queued_model(running.settings, stack.tokens["user"])
+        fleet.usbmuxd.attach(ios16.udid)
+        fleet.usbmuxd.attach(ios18.udid)
+        finished = finish(stack, running.client, running.sweep_id, timeout_s=240)
+        # Heartbeats are rate-limited: the phones that ran the last runs say ready shortly after.
+        wait_until(
+            lambda: device_status()[ios16.udid][0] == device_status()[ios18.udid][0] == "ready",
+            "the phones that finished the sweep report ready again",
+            timeout_s=30,
+        )
+        statuses = device_status()
 
     assert finished["state"] == "completed", finished
     runs = {run["device_class"]: run for run in finished["runs"]}

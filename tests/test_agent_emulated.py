@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,54 @@ def wait_until(
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting until {what}; {state()}"
         time.sleep(0.2)
+
+
+@dataclass
+class Lab:
+    agent: Agent
+    settings: AgentSettings
+    client: DecodebenchClient  # the user's
+    sweep_id: int
+
+
+@contextmanager
+def lab(stack: Stack, tmp_path: Path, fleet: EmulatedFleet, name: str) -> Iterator[Lab]:
+    """An agent thread serving ``fleet`` through the emulated driver, and a sweep of one folded
+    variant on both device classes submitted for it; everything stops on the way out."""
+    fleet.start()
+    driver = driver_for_fleet(fleet, tmp_path / "agent", poll_interval_s=0.05)
+    settings = AgentSettings(
+        server_url=stack.server_url,
+        token=stack.tokens["agent"],
+        name=name,
+        driver="emulated",
+        work_dir=tmp_path / "agent",
+        poll_interval_s=0.2,
+        heartbeat_interval_s=1.0,
+        health_interval_s=0.5,
+        device_hold_s=120,
+    )
+    with DecodebenchClient(stack.server_url, stack.tokens["agent"]) as agent_client:
+        agent = Agent(settings, agent_client, driver)
+        serving = threading.Thread(target=agent.run, name="agent")
+        serving.start()
+        try:
+            with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+                sweep = client.submit_sweep(
+                    {
+                        "model": "tiny-gqa",
+                        "variants": [{"attention": "folded", "context": 128}],
+                        "devices": ["iphone-16-pro", "iphone-17-pro"],
+                        "prompts": PROMPTS,
+                        "decode_tokens": 4,
+                    }
+                )
+                yield Lab(agent, settings, client, sweep.id)
+        finally:
+            agent.request_stop("test finished")
+            serving.join(timeout=60)
+            driver.close()
+            fleet.stop()
 
 
 def sweep_state(client: DecodebenchClient, sweep_id: int) -> str:
@@ -110,60 +160,27 @@ def test_faults_are_retried_on_other_devices_and_gates_hold_unfit_ones(
     no_developer_mode = fleet.add("iphone-16-pro", ["developer-mode-off"])
     hot = fleet.add("iphone-17-pro", ["thermal=serious"], attached=False)
     spare = fleet.add("iphone-16-pro", attached=False)
-    fleet.start()
-    driver = driver_for_fleet(fleet, tmp_path / "agent", poll_interval_s=0.05)
-    settings = AgentSettings(
-        server_url=stack.server_url,
-        token=stack.tokens["agent"],
-        name="emulated-lab",
-        driver="emulated",
-        work_dir=tmp_path / "agent",
-        poll_interval_s=0.2,
-        heartbeat_interval_s=1.0,
-        health_interval_s=0.5,
-        device_hold_s=120,
-    )
-    with DecodebenchClient(stack.server_url, stack.tokens["agent"]) as agent_client:
-        agent = Agent(settings, agent_client, driver)
-        serving = threading.Thread(target=agent.run, name="agent")
-        serving.start()
-        try:
-            with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
-                sweep = client.submit_sweep(
-                    {
-                        "model": "tiny-gqa",
-                        "variants": [{"attention": "folded", "context": 128}],
-                        "devices": ["iphone-16-pro", "iphone-17-pro"],
-                        "prompts": PROMPTS,
-                        "decode_tokens": 4,
-                    }
-                )
-                # Only the faulty phones can claim (the others are gated or unplugged): both fail.
-                wait_until(
-                    lambda: (
-                        len(query("SELECT id FROM runs WHERE attempts = 1 AND state = 'queued'"))
-                        == 2
-                    ),
-                    "both first attempts have failed",
-                    state=lambda: sweep_state(client, sweep.id),
-                )
-                fleet.usbmuxd.attach(hot.udid)
-                fleet.usbmuxd.attach(spare.udid)
-                finished = wait_for_sweep(client, sweep.id, timeout_s=240).model_dump(mode="json")
-            wait_until(
-                lambda: (
-                    device_status()[hot.udid][0].startswith("cooling: thermal serious")
-                    and device_status()[spare.udid][0] == "ready"
-                ),
-                "the hot phone reports it is cooling and the spare is idle again",
-                timeout_s=30,
-            )
-            statuses = device_status()
-        finally:
-            agent.request_stop("test finished")
-            serving.join(timeout=60)
-            driver.close()
-            fleet.stop()
+    with lab(stack, tmp_path, fleet, "emulated-lab") as running:
+        # Only the faulty phones can claim (the others are gated or unplugged): both fail.
+        wait_until(
+            lambda: len(query("SELECT id FROM runs WHERE attempts = 1 AND state = 'queued'")) == 2,
+            "both first attempts have failed",
+            state=lambda: sweep_state(running.client, running.sweep_id),
+        )
+        fleet.usbmuxd.attach(hot.udid)
+        fleet.usbmuxd.attach(spare.udid)
+        finished = wait_for_sweep(running.client, running.sweep_id, timeout_s=240).model_dump(
+            mode="json"
+        )
+        wait_until(
+            lambda: (
+                device_status()[hot.udid][0].startswith("cooling: thermal serious")
+                and device_status()[spare.udid][0] == "ready"
+            ),
+            "the hot phone reports it is cooling and the spare is idle again",
+            timeout_s=30,
+        )
+        statuses = device_status()
 
     assert finished["state"] == "completed", finished
     runs = {run["device_class"]: run for run in finished["runs"]}

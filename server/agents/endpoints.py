@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import contextmanager
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
@@ -23,7 +23,7 @@ from decodebench.contracts.protocol import (
 )
 from server.agents import service
 from server.agents.wakeup import claim_wakeups
-from server.auth import AgentToken, SessionDep, UserToken, authenticated
+from server.auth import AgentToken, SessionDep, UserToken, authenticated, bearer_given
 from server.config import get_settings
 from server.db import session_scope
 from server.errors import AUTHENTICATED_ERRORS, Forbidden
@@ -61,7 +61,7 @@ def list_devices(token: UserToken, session: SessionDep) -> list[DeviceView]:
     ]
 
 
-@router.post("/agents/claim", response_model=ClaimResponse)
+@router.post("/agents/claim", response_model=ClaimResponse, dependencies=[Depends(bearer_given)])
 async def claim(body: ClaimRequest, request: Request) -> ClaimResponse | JSONResponse:
     """Claim the next run for a device; with `wait_seconds`, a long poll answered the moment a
     run of the device's class becomes claimable. Each look at the queue is a short transaction
