@@ -35,6 +35,9 @@ def main() -> None:
         # Agents keep their connection between a run's renewals; closing it after uvicorn's
         # default 5 s races their next request (a reset connection, a failed request).
         timeout_keep_alive=30,
+        # A long-poll claim waits up to a minute; on shutdown it is cut after 5 s rather than
+        # held to its end. Its agent claims again with the same claim key and gets the same run.
+        timeout_graceful_shutdown=5,
         # Health probes and benchmarks open many short connections; keep-alive is what agents use.
         backlog=2048,
     )

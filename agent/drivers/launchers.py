@@ -128,7 +128,12 @@ class DvtLauncher:
         from pymobiledevice3.tunneld.api import TUNNELD_DEFAULT_ADDRESS, get_tunneld_device_by_udid
 
         address = self.tunneld_address or TUNNELD_DEFAULT_ADDRESS
-        rsd = await get_tunneld_device_by_udid(str(lockdown.udid), address)
+        try:
+            rsd = await get_tunneld_device_by_udid(str(lockdown.udid), address)
+        except IndexError:
+            # tunneld listed a tunnel that no longer answers (it dropped between the listing and
+            # the connection): pymobiledevice3 then indexes its empty list of connected RSDs.
+            rsd = None
         if rsd is None:
             raise no_tunnel(str(lockdown.udid), address)
         return rsd

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from decodebench.contracts.verdicts import OutputAgreement
 from decodebench.judging.measurements import RunMeasurement
@@ -33,25 +33,9 @@ def output_agreement(
     """Over the prompts both sides recorded token ids for; None when there are no such prompts."""
     baseline_runs = [pair[0] for pair in pairs]
     variant_runs = [pair[1] for pair in pairs]
-    divergences: dict[int, int] = {}
-    compared = 0
-    for prompt in prompts:
-        reference, candidate = _tokens(baseline_runs, prompt), _tokens(variant_runs, prompt)
-        if reference is None or candidate is None:
-            continue
-        compared += 1
-        position = first_divergence(reference, candidate)
-        if position is not None:
-            divergences[prompt] = position
-    if not compared:
-        return None
-    return OutputAgreement(
-        prompts_compared=compared,
-        identical_share=(compared - len(divergences)) / compared,
-        mean_first_divergence=(
-            sum(divergences.values()) / len(divergences) if divergences else None
-        ),
-        diverging_prompts=tuple(sorted(divergences)),
+    return _agreement(
+        (prompt, _tokens(baseline_runs, prompt), _tokens(variant_runs, prompt))
+        for prompt in prompts
     )
 
 
@@ -60,11 +44,21 @@ def reference_agreement(
 ) -> OutputAgreement | None:
     """A variant's greedy tokens against the fp32 reference outputs (indexed by prompt), over
     the prompts its runs recorded token ids for; None when they recorded none."""
+    return _agreement(
+        (prompt, reference, _tokens([run for run in runs if prompt in run.by_prompt()], prompt))
+        for prompt, reference in enumerate(references)
+    )
+
+
+def _agreement(
+    compared_prompts: Iterable[tuple[int, Sequence[int] | None, Sequence[int] | None]],
+) -> OutputAgreement | None:
+    """Over (prompt, reference tokens, candidate tokens), skipping prompts either side lacks:
+    the identical share, where divergent prompts first differ, and which they are."""
     divergences: dict[int, int] = {}
     compared = 0
-    for prompt, reference in enumerate(references):
-        candidate = _tokens([run for run in runs if prompt in run.by_prompt()], prompt)
-        if candidate is None:
+    for prompt, reference, candidate in compared_prompts:
+        if reference is None or candidate is None:
             continue
         compared += 1
         position = first_divergence(reference, candidate)
