@@ -30,7 +30,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.stack import Stack  # noqa: E402
+from scripts.stack import Stack, scratch_database  # noqa: E402
 from scripts.standins import MINIMAL_ANALYSIS, build_report  # noqa: E402
 
 DEVICE_CLASS = "iphone-17-pro"
@@ -234,18 +234,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     levels = [int(value) for value in args.levels.split(",")]
-    admin = os.environ.get(
-        "DECODEBENCH_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    import psycopg
-
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{args.database}"')
-    host = admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as var:
+    with (
+        scratch_database(args.database) as database_url,
+        tempfile.TemporaryDirectory(prefix="bench-ingest-") as var,
+    ):
         stack = Stack(
-            database_url=f"{host}/{args.database}",
+            database_url=database_url,
             broker_url=os.environ.get("DECODEBENCH_BENCH_BROKER_URL", "memory://"),
             var_dir=Path(var),
         )
@@ -267,8 +261,6 @@ def main() -> None:
             }  # fmt: skip
         finally:
             stack.stop()
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
     print(json.dumps(figures) if args.json else json.dumps(figures, indent=2))
 
 

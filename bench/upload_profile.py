@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from scripts.stack import scratch_database  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -31,26 +33,16 @@ def main() -> None:
     parser.add_argument("--uploads", type=int, default=60)
     parser.add_argument("--database", default="decodebench_bench_upload_profile")
     args = parser.parse_args()
-    admin = os.environ.get(
-        "DECODEBENCH_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    import psycopg
+    with scratch_database(args.database) as database_url:
+        os.environ["DECODEBENCH_DATABASE_URL"] = database_url
+        os.environ["DECODEBENCH_BROKER_URL"] = "memory://"
+        os.environ["DECODEBENCH_ARTIFACT_DIR"] = tempfile.mkdtemp(prefix="bench-upload-")
+        try:
+            figures = profile(args.uploads)
+        finally:
+            from server.db import get_engine
 
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{args.database}"')
-    host = admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    os.environ["DECODEBENCH_DATABASE_URL"] = f"{host}/{args.database}"
-    os.environ["DECODEBENCH_BROKER_URL"] = "memory://"
-    os.environ["DECODEBENCH_ARTIFACT_DIR"] = tempfile.mkdtemp(prefix="bench-upload-")
-    try:
-        figures = profile(args.uploads)
-    finally:
-        from server.db import get_engine
-
-        get_engine().dispose()
-        with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+            get_engine().dispose()  # before the database is dropped
     print(json.dumps(figures) if args.json else json.dumps(figures, indent=2))
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from decodebench.building.realmodels import fetch_model  # noqa: E402
 from decodebench.client import DecodebenchClient  # noqa: E402
 from decodebench.uploading import ResumeState, upload_model  # noqa: E402
-from scripts.stack import Stack  # noqa: E402
+from scripts.stack import Stack, scratch_database  # noqa: E402
 
 
 class Killed(Exception):
@@ -75,19 +75,11 @@ def main() -> None:
     parser.add_argument("--database", default="decodebench_bench_upload")
     args = parser.parse_args()
     folder = fetch_model("smollm2-135m")
-    admin = os.environ.get(
-        "DECODEBENCH_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    import psycopg
-
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{args.database}"')
-    host = admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    with tempfile.TemporaryDirectory(prefix="bench-upload-") as var:
-        stack = Stack(
-            database_url=f"{host}/{args.database}", broker_url="memory://", var_dir=Path(var)
-        )
+    with (
+        scratch_database(args.database) as database_url,
+        tempfile.TemporaryDirectory(prefix="bench-upload-") as var,
+    ):
+        stack = Stack(database_url=database_url, broker_url="memory://", var_dir=Path(var))
         try:
             stack.prepare()
             stack.start_server("--no-access-log")
@@ -96,8 +88,6 @@ def main() -> None:
             figures["load_average_1m"] = round(os.getloadavg()[0], 2)
         finally:
             stack.stop()
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
     print(json.dumps(figures) if args.json else json.dumps(figures, indent=2))
 
 
