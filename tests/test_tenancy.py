@@ -252,3 +252,33 @@ def test_tokens_land_in_the_default_project_and_stay_in_one(api, user_token) -> 
     assert api.get("/api/v1/sweeps", headers=bearer(user_token)).json() == []
     refused = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token))
     assert refused.status_code == 403 and "no project" in refused.json()["detail"]
+
+
+def test_a_claim_times_a_run_with_its_own_project_s_calibration(db) -> None:
+    """An agent's session serves every project: the profile it hands a run is the run's
+    project's calibrated one, never the newest calibration of any project."""
+    from server import tenancy
+    from server.db import get_sessionmaker
+    from server.models import ProfileCalibration
+    from server.profiles.service import current_profiles
+
+    def calibration(project_id: int, bandwidth: float) -> ProfileCalibration:
+        return ProfileCalibration(
+            device_class="iphone-17-pro", effective_bandwidth_mb_s=bandwidth,
+            dispatch_overhead_us=0.0, calibrated_parameters=["effective_bandwidth_mb_s"],
+            runs=4, builds=2, includes_simulated=False, rms_relative_error=0.01, points=[],
+            requested_by="test", project_id=project_id,
+        )  # fmt: skip
+
+    with get_sessionmaker()() as session, session.begin():
+        own = tenancy.project_named(session, "own", create=True).id
+        other = tenancy.project_named(session, "other", create=True).id
+        session.add(calibration(own, 41_000.0))
+        session.flush()
+        session.add(calibration(other, 12_345.0))  # newer, of another project
+        session.flush()
+        unbound = current_profiles(session, own)["iphone-17-pro"]
+        assert unbound.effective_bandwidth_mb_s == pytest.approx(41_000.0)
+        assert current_profiles(session, other)["iphone-17-pro"].effective_bandwidth_mb_s == (
+            pytest.approx(12_345.0)
+        )

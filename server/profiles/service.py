@@ -114,15 +114,26 @@ def calibrate(
     )
     session.add(calibration)
     session.flush()
-    session.info.pop(CURRENT_PROFILES_KEY, None)
+    for key in [
+        key for key in session.info if isinstance(key, tuple) and key[0] == CURRENT_PROFILES_KEY
+    ]:
+        del session.info[key]  # every project's cached profiles: this one changed
     return calibration
 
 
-def current_calibrations(session: Session) -> dict[str, ProfileCalibration]:
-    """The calibration in force per device class: the newest measured one, else the newest."""
+def current_calibrations(
+    session: Session, project_id: int | None = None
+) -> dict[str, ProfileCalibration]:
+    """The calibration in force per device class: the newest measured one, else the newest.
+    Of the session's project, or of ``project_id`` (an agent's claim serves every project)."""
+    scope = (
+        tenancy.calibrations(session)
+        if project_id is None
+        else ProfileCalibration.project_id == project_id
+    )
     rows = session.scalars(
         select(ProfileCalibration)
-        .where(tenancy.calibrations(session))
+        .where(scope)
         .distinct(ProfileCalibration.device_class)
         .order_by(
             ProfileCalibration.device_class,
@@ -147,12 +158,14 @@ def profile_from(prior: DeviceProfile, calibration: ProfileCalibration) -> Devic
     )
 
 
-def current_profiles(session: Session) -> dict[str, DeviceProfile]:
-    """Every device class's profile as predictions should use it (cached per session)."""
-    cached = session.info.get(CURRENT_PROFILES_KEY)
+def current_profiles(session: Session, project_id: int | None = None) -> dict[str, DeviceProfile]:
+    """Every device class's profile as predictions should use it (cached per session), for the
+    session's project or for ``project_id``."""
+    key = (CURRENT_PROFILES_KEY, project_id)
+    cached = session.info.get(key)
     if cached is not None:
         return cached
-    calibrations = current_calibrations(session)
+    calibrations = current_calibrations(session, project_id)
     profiles = {
         device_class: (
             profile_from(prior, calibrations[device_class])
@@ -161,7 +174,7 @@ def current_profiles(session: Session) -> dict[str, DeviceProfile]:
         )
         for device_class, prior in DEVICE_PROFILES.items()
     }
-    session.info[CURRENT_PROFILES_KEY] = profiles
+    session.info[key] = profiles
     return profiles
 
 

@@ -43,8 +43,9 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         lease_expires_at=run.lease_expires_at.isoformat(),
         lease_seconds=settings.lease_seconds,
         **prompts_of(SweepSpec.model_validate(sweep.spec), report)._asdict(),
-        # What predictions use, so a simulated device times the run with the same figures.
-        device_profile=current_profiles(session).get(run.device_class),
+        # What the sweep's predictions use (its project's calibration), so a simulated device
+        # times the run with the same figures.
+        device_profile=current_profiles(session, sweep.project_id).get(run.device_class),
     )
 
 
