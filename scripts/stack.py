@@ -162,17 +162,23 @@ class Stack:
         )
         return self._spawn(name, command, env)
 
-    def start_beat(self, reconcile_interval_s: float = 60.0) -> None:
-        """Celery beat: asks the server every interval to queue again what was lost."""
+    def start_beat(
+        self,
+        reconcile_interval_s: float = 60.0,
+        schedule_tick_interval_s: float | None = None,
+        name: str = "beat",
+    ) -> None:
+        """Celery beat: asks the server every interval to queue again what was lost and to fire
+        due nightly schedules. A second one needs another ``name`` (its log and schedule file)."""
         command = [
             sys.executable, "-m", "celery", "-A", "worker.app", "beat", "--loglevel", "INFO",
-            "--schedule", str(self.var_dir / "beat-schedule"),
+            "--schedule", str(self.var_dir / f"{name}-schedule"),
         ]  # fmt: skip
-        env = self.env(
-            DECODEBENCH_WORKER_TOKEN=self.tokens["worker"],
-            DECODEBENCH_RECONCILE_INTERVAL_S=str(reconcile_interval_s),
-        )
-        self._spawn("beat", command, env)
+        settings = {"DECODEBENCH_RECONCILE_INTERVAL_S": str(reconcile_interval_s)}
+        if schedule_tick_interval_s is not None:
+            settings["DECODEBENCH_SCHEDULE_TICK_INTERVAL_S"] = str(schedule_tick_interval_s)
+        env = self.env(DECODEBENCH_WORKER_TOKEN=self.tokens["worker"], **settings)
+        self._spawn(name, command, env)
 
     def start_agent(self, device_classes: list[str], *extra_args: str, name: str = "agent") -> None:
         """One agent process; give a second one another ``name`` (its log and folder)."""
