@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, select
-from sqlalchemy.dialects.postgresql import insert
+from psycopg.types.json import Jsonb
+from sqlalchemy import Float, Integer, Table, TextClause, select, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.dml import ReturningInsert
 
 from decodebench.contracts.api import RateSummary, RunSummary
 from decodebench.contracts.protocol import RunResult
@@ -259,15 +259,9 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
                 f"prompts.{prompt.prompt_index}: generated_tokens {prompt.generated_tokens} "
                 f"exceeds the sweep's decode_tokens {decode_tokens}"
             )
-    # One round trip for the whole batch, through a statement compiled once per process: a
-    # run's prompts arrive in one upload.
-    rows: Sequence[Any] = session.execute(
-        _UPSERT_PROMPT,
-        [
-            {**prompt.model_dump(), "run_id": run_id, "simulated": result.simulated}
-            for prompt in result.prompts
-        ],
-    ).all()
+    # One round trip and one short statement for the whole batch: a run's prompts arrive in one
+    # upload, each column as one array parameter.
+    rows: Sequence[Any] = session.execute(_UPSERT_PROMPTS, _prompt_columns(run_id, result)).all()
     if len({prompt.prompt_index for prompt in result.prompts}) < expected_prompts:
         # A partial upload: the run's figures are what is stored, earlier uploads included.
         rows = session.execute(
@@ -305,18 +299,43 @@ def _check_labels(device: Device | None, result: RunResult) -> None:
         )
 
 
-def _upsert_prompt_statement() -> ReturningInsert[Any]:
-    table = cast(Table, PromptResultRow.__table__)
-    statement = insert(table)
-    kept = {"id", "run_id", "prompt_index"}
-    return statement.on_conflict_do_update(
-        index_elements=[table.c.run_id, table.c.prompt_index],
-        set_={column.name: statement.excluded[column.name] for column in table.c
-              if column.name not in kept},
-    ).returning(table.c.decode_tok_s, table.c.ttft_ms)  # fmt: skip
+_ARRAY_TYPES = {Integer: "integer[]", Float: "double precision[]", JSONB: "jsonb[]"}
+_PROMPT_TABLE = cast(Table, PromptResultRow.__table__)
+# The prompt's own figures: every column but the row's id and the two the run gives.
+_PROMPT_FIELDS = [c.name for c in _PROMPT_TABLE.c if c.name not in ("id", "run_id", "simulated")]
+_JSON_FIELDS = {c.name for c in _PROMPT_TABLE.c if isinstance(c.type, JSONB)}
 
 
-_UPSERT_PROMPT = _upsert_prompt_statement()
+def _upsert_prompts_statement() -> TextClause:
+    """``INSERT … SELECT … FROM unnest(<one array per column>) ON CONFLICT DO UPDATE``: the same
+    short text for any number of prompts, so the driver parses and prepares it once per
+    connection, where a multi-row VALUES list was parsed again on every upload."""
+    columns = {c.name: c for c in _PROMPT_TABLE.c}
+    arrays = ", ".join(
+        f"CAST(:{name} AS {_ARRAY_TYPES[type(columns[name].type)]})" for name in _PROMPT_FIELDS
+    )
+    updated = ", ".join(f"{name} = excluded.{name}" for name in [*_PROMPT_FIELDS, "simulated"]
+                        if name != "prompt_index")  # fmt: skip
+    return text(
+        f"INSERT INTO prompt_results (run_id, simulated, {', '.join(_PROMPT_FIELDS)}) "
+        f"SELECT :run_id, :simulated, p.* FROM unnest({arrays}) AS p "
+        f"ON CONFLICT (run_id, prompt_index) DO UPDATE SET {updated} "
+        "RETURNING decode_tok_s, ttft_ms"
+    )
+
+
+def _prompt_columns(run_id: int, result: RunResult) -> dict[str, Any]:
+    prompts = [prompt.model_dump() for prompt in result.prompts]
+    columns: dict[str, Any] = {"run_id": run_id, "simulated": result.simulated}
+    for name in _PROMPT_FIELDS:
+        values = [prompt[name] for prompt in prompts]
+        if name in _JSON_FIELDS:
+            values = [None if value is None else Jsonb(value) for value in values]
+        columns[name] = values
+    return columns
+
+
+_UPSERT_PROMPTS = _upsert_prompts_statement()
 
 
 def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
