@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from psycopg.types.json import Jsonb
+from pydantic import TypeAdapter
 from sqlalchemy import Float, Integer, Table, TextClause, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import RateSummary, RunSummary
-from decodebench.contracts.protocol import RunResult
+from decodebench.contracts.protocol import PromptResult, RunResult
 from decodebench.stats import summarize
 from server.db import follow_up_after_commit
 from server.errors import Conflict, InvalidInput, NotFound
@@ -299,43 +299,40 @@ def _check_labels(device: Device | None, result: RunResult) -> None:
         )
 
 
-_ARRAY_TYPES = {Integer: "integer[]", Float: "double precision[]", JSONB: "jsonb[]"}
+_RECORD_TYPES = {Integer: "integer", Float: "double precision", JSONB: "jsonb"}
 _PROMPT_TABLE = cast(Table, PromptResultRow.__table__)
 # The prompt's own figures: every column but the row's id and the two the run gives.
 _PROMPT_FIELDS = [c.name for c in _PROMPT_TABLE.c if c.name not in ("id", "run_id", "simulated")]
-_JSON_FIELDS = {c.name for c in _PROMPT_TABLE.c if isinstance(c.type, JSONB)}
 
 
 def _upsert_prompts_statement() -> TextClause:
-    """``INSERT … SELECT … FROM unnest(<one array per column>) ON CONFLICT DO UPDATE``: the same
-    short text for any number of prompts, so the driver parses and prepares it once per
-    connection, where a multi-row VALUES list was parsed again on every upload."""
+    """``INSERT … SELECT … FROM jsonb_to_recordset(<the prompts as one JSON array>) ON CONFLICT
+    DO UPDATE``: the same short text for any number of prompts, so the driver parses and
+    prepares it once per connection (a multi-row VALUES list was parsed again on every upload),
+    and the prompts travel as one JSON document encoded in C, not value by value."""
     columns = {c.name: c for c in _PROMPT_TABLE.c}
-    arrays = ", ".join(
-        f"CAST(:{name} AS {_ARRAY_TYPES[type(columns[name].type)]})" for name in _PROMPT_FIELDS
+    record = ", ".join(
+        f"{name} {_RECORD_TYPES[type(columns[name].type)]}" for name in _PROMPT_FIELDS
     )
     updated = ", ".join(f"{name} = excluded.{name}" for name in [*_PROMPT_FIELDS, "simulated"]
                         if name != "prompt_index")  # fmt: skip
+    fields = ", ".join(_PROMPT_FIELDS)
     return text(
-        f"INSERT INTO prompt_results (run_id, simulated, {', '.join(_PROMPT_FIELDS)}) "
-        f"SELECT :run_id, :simulated, p.* FROM unnest({arrays}) AS p "
+        f"INSERT INTO prompt_results (run_id, simulated, {fields}) "
+        f"SELECT :run_id, :simulated, {fields} "
+        f"FROM jsonb_to_recordset(CAST(:prompts AS jsonb)) AS p({record}) "
         f"ON CONFLICT (run_id, prompt_index) DO UPDATE SET {updated} "
         "RETURNING decode_tok_s, ttft_ms"
     )
 
 
 def _prompt_columns(run_id: int, result: RunResult) -> dict[str, Any]:
-    prompts = [prompt.model_dump() for prompt in result.prompts]
-    columns: dict[str, Any] = {"run_id": run_id, "simulated": result.simulated}
-    for name in _PROMPT_FIELDS:
-        values = [prompt[name] for prompt in prompts]
-        if name in _JSON_FIELDS:
-            values = [None if value is None else Jsonb(value) for value in values]
-        columns[name] = values
-    return columns
+    prompts = _PROMPTS_JSON.dump_json(result.prompts).decode()
+    return {"run_id": run_id, "simulated": result.simulated, "prompts": prompts}
 
 
 _UPSERT_PROMPTS = _upsert_prompts_statement()
+_PROMPTS_JSON = TypeAdapter(list[PromptResult])
 
 
 def _already_stored(session: Session, run_id: int, result: RunResult) -> bool:
