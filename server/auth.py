@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from server import tenancy
 from server.db import session_scope
 from server.errors import Forbidden, NotAuthenticated
-from server.models import DEFAULT_PROJECT, DEFAULT_SCOPES, ApiToken, Scope, TokenKind
+from server.models import DEFAULT_PROJECT, DEFAULT_SCOPES, Agent, ApiToken, Scope, TokenKind
 
 # "function" scope: the commit happens before the response leaves, so a 201 is durable.
 SessionDep = Annotated[Session, Depends(session_scope, scope="function")]
@@ -62,12 +62,23 @@ def create_token(
     return plain
 
 
+AGENT_OF_TOKEN = "decodebench.agent_of_token"
+
+
 def lookup_token(session: Session, plain: str) -> ApiToken | None:
-    return session.scalar(
-        select(ApiToken).where(
-            ApiToken.token_sha256 == hash_token(plain), ApiToken.revoked_at.is_(None)
-        )
-    )
+    """The token, and in the same round trip the agent registered with it (kept in the
+    session for ``agent_for_token``: every agent request needs both)."""
+    found = session.execute(
+        select(ApiToken, Agent)
+        .outerjoin(Agent, Agent.token_id == ApiToken.id)
+        .where(ApiToken.token_sha256 == hash_token(plain), ApiToken.revoked_at.is_(None))
+    ).one_or_none()
+    if found is None:
+        return None
+    token, agent = found
+    if agent is not None:
+        session.info[AGENT_OF_TOKEN] = agent
+    return token
 
 
 def _bearer(request: Request) -> str | None:

@@ -11,6 +11,7 @@ from decodebench.contracts.names import DeviceStatus, Driver
 from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 from decodebench.profiles import UnknownDeviceClass, get_profile
 from server import tenancy
+from server.auth import AGENT_OF_TOKEN
 from server.errors import Conflict, InvalidInput, NotAuthenticated
 from server.models import Agent, ApiToken, Device
 
@@ -31,7 +32,9 @@ def register_agent(session: Session, token: ApiToken, registration: AgentRegistr
 
 
 def agent_for_token(session: Session, token: ApiToken) -> Agent:
-    agent = session.scalar(select(Agent).where(Agent.token_id == token.id))
+    agent = session.info.get(AGENT_OF_TOKEN)  # read with the token (server/auth.py)
+    if agent is None or agent.token_id != token.id:
+        agent = session.scalar(select(Agent).where(Agent.token_id == token.id))
     if agent is None:
         raise NotAuthenticated("this agent token has not registered; POST /api/v1/agents/register")
     return agent

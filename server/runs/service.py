@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from pydantic import TypeAdapter
-from sqlalchemy import Float, Integer, Table, TextClause, select, text
+from sqlalchemy import Float, Integer, Table, TextClause, bindparam, exists, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
@@ -72,6 +72,15 @@ def refresh_sweep_state(session: Session, sweep_id: int) -> None:
     move(session, "sweep", sweep, target, reason)
 
 
+# One round trip: the sweep's state, and whether any of its runs has yet to end.
+_SWEEP_STATE_AND_RUN_LEFT = select(
+    Sweep.state,
+    exists()
+    .where(Run.sweep_id == Sweep.id, Run.state.not_in(list(TERMINAL_RUN_STATES)))
+    .label("run_left"),
+).where(Sweep.id == bindparam("sweep_id"))
+
+
 def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
     """Bring the sweep's state up to date once this transaction is committed.
 
@@ -81,14 +90,13 @@ def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
     the lock is taken only when the state actually changes."""
 
     def settle(follow_up: Session) -> None:
-        state = follow_up.scalar(select(Sweep.state).where(Sweep.id == sweep_id))
-        if state == SweepState.running and follow_up.scalar(
-            select(Run.id)
-            .where(Run.sweep_id == sweep_id, Run.state.not_in(list(TERMINAL_RUN_STATES)))
-            .limit(1)
-        ):
+        found = follow_up.execute(_SWEEP_STATE_AND_RUN_LEFT, {"sweep_id": sweep_id}).one_or_none()
+        if found is None:
+            return
+        state, run_left = found
+        if state == SweepState.running and run_left:
             return  # a run is left, so it stays running: no need to read all of its runs
-        if state is not None and _sweep_target(follow_up, sweep_id)[0] != state:
+        if _sweep_target(follow_up, sweep_id)[0] != state:
             refresh_sweep_state(follow_up, sweep_id)
 
     follow_up_after_commit(session, settle)
