@@ -5,12 +5,21 @@
 Starts PostgreSQL-backed server processes (`python -m server --workers N`) on its own database,
 completes a set of builds as a worker would, submits sweeps, registers one agent with a device
 per upload. Per level, every device first claims a run (as a device does when it starts one,
-minutes before it uploads: claim latencies are reported apart), then the clients upload
-concurrently, each its devices' `RunResult`s back to back, all of a run's prompts in one request.
-Bounded in count (uploads per client) and in time. A health probe polls
+minutes before it uploads: claim latencies are reported apart). Then two phases, each client
+uploading its devices' `RunResult`s, all of a run's prompts in one request:
+
+1. **offered load**: all clients together offer `--rate` results/s (2,000), each client its
+   share at a steady pace, staggered. Latency counts from when an upload was due, so a server
+   that falls behind is charged for the queue it causes. These are the level's top figures.
+2. **back to back** (`"back_to_back"`): the same clients send their next runs without pause,
+   which measures capacity; with N clients always waiting, the mean latency is N divided by the
+   throughput (Little's law), whatever the server does.
+
+Bounded in count (uploads per client and phase) and in time. A health probe polls
 `/api/v1/health` meanwhile. Prints one JSON object:
-``{"50": {"results_per_s", "p50_ms", "p99_ms", "errors", "health_p99_ms", ...}, "200": {...}}``
-where errors counts every non-2xx or failed request (claims, uploads and health probes).
+``{"50": {"results_per_s", "p50_ms", "p99_ms", "errors", "health_p99_ms", ..., "back_to_back":
+{...}}, "200": {...}}`` where errors counts every non-2xx or failed request (claims, uploads and
+health probes).
 """
 
 from __future__ import annotations
@@ -124,10 +133,13 @@ class Tally:
         self.results = 0
         self.errors = 0
         self.statuses: dict[str, int] = {}
+        self.details: list[str] = []  # the first few refusals' answers, to tell what went wrong
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str, detail: str = "") -> None:
         self.errors += 1
         self.statuses[what] = self.statuses.get(what, 0) + 1
+        if detail and len(self.details) < 3:
+            self.details.append(f"{what}: {detail[:300]}")
 
 
 async def claim_runs(client: httpx.AsyncClient, devices: list[str], tally: Tally) -> list[tuple]:
@@ -151,13 +163,21 @@ async def claim_runs(client: httpx.AsyncClient, devices: list[str], tally: Tally
 
 
 async def upload_loop(
-    client: httpx.AsyncClient, runs: list[tuple], deadline: float, tally: Tally
-) -> None:
-    """One uploading client: its devices' finished runs, one request per run, back to back."""
-    for run_id, body in runs:
+    client: httpx.AsyncClient, runs: list[tuple], deadline: float, tally: Tally,
+    interval: float = 0.0, offset: float = 0.0,
+) -> None:  # fmt: skip
+    """One uploading client: its devices' finished runs, one request per run. Back to back
+    when ``interval`` is 0; otherwise the k-th upload is due at ``offset + k * interval`` after
+    the start, and its latency counts from when it was due, so a server that falls behind is
+    charged for the wait it caused (no coordinated omission)."""
+    begun = time.perf_counter()
+    for k, (run_id, body) in enumerate(runs):
         if time.monotonic() > deadline:
             return
-        started = time.perf_counter()
+        due = begun + offset + k * interval
+        if interval:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        started = due if interval else time.perf_counter()
         try:
             upload = await client.post(
                 f"/api/v1/runs/{run_id}/results", content=body, headers=JSON_BODY
@@ -167,7 +187,7 @@ async def upload_loop(
             continue
         tally.upload_ms.append((time.perf_counter() - started) * 1000)
         if upload.status_code != 200:
-            tally.fail(f"upload {upload.status_code}")
+            tally.fail(f"upload {upload.status_code}", upload.text)
             continue
         tally.results += upload.json()["prompts_stored"]
 
@@ -193,42 +213,26 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 1)
 
 
-async def level(stack: Stack, clients: int, first: int, uploads: int, seconds: float) -> dict:
-    """Each client is a device host with its own connection, as on a real farm: one shared
-    pool of ``clients`` connections would cost the benchmark's process more CPU choosing a
-    connection than it spends encoding the uploads, on the cores the server needs."""
-    tally = Tally()
-    headers = bearer(stack.tokens["agent"])
-    stop = asyncio.Event()
-    sessions = [
-        httpx.AsyncClient(
-            base_url=stack.server_url, headers=headers, limits=ONE_CONNECTION, timeout=60
-        )  # fmt: skip
-        for _ in range(clients)
-    ]
-    try:
-        devices = [[udid(first + i * uploads + k) for k in range(uploads)] for i in range(clients)]
-        claimed = await asyncio.gather(
-            *(
-                claim_runs(session, mine, tally)
-                for session, mine in zip(sessions, devices, strict=True)
-            )
+async def phase(
+    stack: Stack, sessions: list, claimed: list, seconds: float, rate: float
+) -> dict:  # fmt: skip
+    """All clients upload their claimed runs, paced to ``rate`` results/s in all (each client
+    its share, staggered) or back to back when ``rate`` is 0, while a probe polls /health."""
+    tally, stop = Tally(), asyncio.Event()
+    health = asyncio.create_task(health_loop(stack.server_url, stop, tally))
+    interval = len(sessions) * PROMPTS / rate if rate else 0.0
+    started = time.monotonic()
+    await asyncio.gather(
+        *(
+            upload_loop(
+                session, runs, started + seconds, tally, interval, interval * index / len(sessions)
+            )  # fmt: skip
+            for index, (session, runs) in enumerate(zip(sessions, claimed, strict=True))
         )
-        claim_ms, tally.claim_ms = tally.claim_ms, []
-        health = asyncio.create_task(health_loop(stack.server_url, stop, tally))
-        started = time.monotonic()
-        deadline = started + seconds
-        await asyncio.gather(
-            *(
-                upload_loop(session, runs, deadline, tally)
-                for session, runs in zip(sessions, claimed, strict=True)
-            )
-        )
-        elapsed = time.monotonic() - started
-        stop.set()
-        await health
-    finally:
-        await asyncio.gather(*(session.aclose() for session in sessions))
+    )
+    elapsed = time.monotonic() - started
+    stop.set()
+    await health
     return {
         "results_per_s": round(tally.results / elapsed, 1),
         "p50_ms": percentile(tally.upload_ms, 0.50),
@@ -238,10 +242,52 @@ async def level(stack: Stack, clients: int, first: int, uploads: int, seconds: f
         "uploads": len(tally.upload_ms),
         "results": tally.results,
         "seconds": round(elapsed, 2),
-        "claim_p50_ms": percentile(claim_ms, 0.50),
-        "claim_p99_ms": percentile(claim_ms, 0.99),
         "health_probes": len(tally.health_ms),
         "error_kinds": tally.statuses,
+        "error_details": tally.details,
+    }
+
+
+async def level(
+    stack: Stack, clients: int, first: int, uploads: int, seconds: float, rate: float
+) -> dict:  # fmt: skip
+    """Each client is a device host with its own connection, as on a real farm: one shared
+    pool of ``clients`` connections would cost the benchmark's process more CPU choosing a
+    connection than it spends encoding the uploads, on the cores the server needs.
+
+    First the offered load (``rate`` results/s from all clients together), then the capacity:
+    the same clients uploading back to back, each its next runs."""
+    headers = bearer(stack.tokens["agent"])
+    sessions = [
+        httpx.AsyncClient(
+            base_url=stack.server_url, headers=headers, limits=ONE_CONNECTION, timeout=60
+        )  # fmt: skip
+        for _ in range(clients)
+    ]
+    try:
+        devices = [
+            [udid(first + i * 2 * uploads + k) for k in range(2 * uploads)] for i in range(clients)
+        ]
+        claims = Tally()
+        claimed = await asyncio.gather(
+            *(
+                claim_runs(session, mine, claims)
+                for session, mine in zip(sessions, devices, strict=True)
+            )
+        )
+        paced = await phase(stack, sessions, [runs[:uploads] for runs in claimed], seconds, rate)
+        capacity = await phase(stack, sessions, [runs[uploads:] for runs in claimed], seconds, 0)
+    finally:
+        await asyncio.gather(*(session.aclose() for session in sessions))
+    claim_errors = {"claim_errors": claims.errors, "claim_error_kinds": claims.statuses}
+    return {
+        **paced,
+        "errors": paced["errors"] + claims.errors,
+        "offered_results_per_s": rate,
+        "claim_p50_ms": percentile(claims.claim_ms, 0.50),
+        "claim_p99_ms": percentile(claims.claim_ms, 0.99),
+        **claim_errors,
+        "back_to_back": capacity,
     }
 
 
@@ -250,8 +296,15 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--workers", type=int, default=2, help="server processes")
     parser.add_argument("--levels", default="50,200", help="concurrent clients per level")
-    parser.add_argument("--uploads", type=int, default=6, help="uploads per client and level")
-    parser.add_argument("--seconds", type=float, default=60.0, help="time bound per level")
+    parser.add_argument(
+        "--uploads", type=int, default=1200,
+        help="uploads per level and phase, shared among its clients (1,200: 18 s at 2,000/s)",
+    )  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=60.0, help="time bound per phase")
+    parser.add_argument(
+        "--rate", type=float, default=2000.0,
+        help="results/s all clients together offer in the first phase (0: back to back)",
+    )  # fmt: skip
     parser.add_argument(
         "--database", default="decodebench_bench_ingest", help="created afresh, then dropped"
     )
@@ -269,17 +322,19 @@ def main() -> None:
         try:
             stack.prepare()
             stack.start_server("--workers", str(args.workers), "--no-access-log")
-            devices = sum(levels) * args.uploads
+            per_client = {clients: max(1, args.uploads // clients) for clients in levels}
+            # Every upload is its own device's run: the paced phase's, then the others'.
+            devices = sum(clients * per_client[clients] * 2 for clients in levels)
             prepare(stack, devices, devices)
             figures, first = {}, 0
             for clients in levels:
                 figures[str(clients)] = asyncio.run(
-                    level(stack, clients, first, args.uploads, args.seconds)
+                    level(stack, clients, first, per_client[clients], args.seconds, args.rate)
                 )
-                first += clients * args.uploads
+                first += clients * per_client[clients] * 2
             figures["setup"] = {
                 "server_workers": args.workers, "prompts_per_upload": PROMPTS,
-                "uploads_per_client": args.uploads, "cpus": os.cpu_count(),
+                "uploads_per_level_and_phase": args.uploads, "cpus": os.cpu_count(),
                 "load_average_1m": round(os.getloadavg()[0], 2),
             }  # fmt: skip
         finally:
