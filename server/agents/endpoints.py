@@ -5,7 +5,6 @@ from contextlib import contextmanager
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from decodebench.contracts.api import DeviceView, ResultsStored, RunStateView
@@ -28,7 +27,7 @@ from server.config import get_settings
 from server.db import session_scope
 from server.errors import AUTHENTICATED_ERRORS, Forbidden
 from server.limits import ServerBusy, admitted, busy_response
-from server.models import Device, TokenKind
+from server.models import TokenKind
 from server.paths import RowId
 from server.runs import service as runs
 from server.runs.assignment import claim_assignment
@@ -123,13 +122,7 @@ def _claim_once(request: Request, body: ClaimRequest) -> tuple[RunAssignment | N
             raise Forbidden(f"this endpoint needs a agent token, not a {token.kind} token")
         agent = service.agent_for_token(session, token)
         runs.expire_leases(session, settings.max_run_attempts)
-        assignment = claim_assignment(session, agent.id, body.device_udid, settings, body.claim_key)
-        if assignment is not None:
-            return assignment, assignment.device_class
-        device_class = session.scalar(
-            select(Device.device_class).where(Device.udid == body.device_udid)
-        )
-        return None, device_class or ""
+        return claim_assignment(session, agent.id, body.device_udid, settings, body.claim_key)
 
 
 @router.post("/runs/{run_id}/lease", response_model=LeaseRenewal)

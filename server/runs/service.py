@@ -145,10 +145,11 @@ def claim_run(
     claim_key: str | None = None,
     max_attempts: int = 3,
     aging_s: float = 300.0,
-) -> Run | None:
-    """The device's next run under a lease, or None. Touches only the device's row (locked, so
-    one device's claims run one after the other: a retry waits for the claim it repeats) and
-    the runs it reads or takes (SKIP LOCKED): no row every device waits on."""
+) -> tuple[Run | None, str]:
+    """The device's next run under a lease, or None; and the device's class (what an idle
+    device's long poll waits on). Touches only the device's row (locked, so one device's claims
+    run one after the other: a retry waits for the claim it repeats) and the runs it reads or
+    takes (SKIP LOCKED): no row every device waits on."""
     device = session.scalar(select(Device).where(Device.udid == device_udid).with_for_update())
     if device is None or device.agent_id != agent_id:
         raise NotFound(f"device {device_udid} is not registered to this agent")
@@ -162,7 +163,7 @@ def claim_run(
         if claim_key is not None and run.claim_key == claim_key and run.agent_id == agent_id:
             # The same claim again (its answer was lost): the same run, its lease renewed.
             run.lease_expires_at = now + timedelta(seconds=lease_seconds)
-            return run
+            return run, device.device_class
     if held and claim_key is None:
         raise Conflict(f"device {device_udid} already has a run in progress")
     for run in held:
@@ -179,7 +180,7 @@ def claim_run(
         session, device.device_class, device_udid, aging_s, project_id=device.project_id
     )
     if taken is None:
-        return None
+        return None, device.device_class
     run = taken
     run.attempts += 1
     run.agent_id = agent_id
@@ -190,7 +191,7 @@ def claim_run(
     # A claim changes no sweep's state: its run was queued, so its build had succeeded and the
     # sweep was already running (or building for its other builds), and it stays so.
     move(session, "run", run, RunState.running, f"claimed for {device_udid}")
-    return run
+    return run, device.device_class
 
 
 def _owned_running_run(session: Session, run_id: int, agent_id: int) -> Run:
