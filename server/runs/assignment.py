@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.protocol import RunAssignment
 from server.builds.reports import report_of
 from server.config import Settings
-from server.models import Build, Run, Sweep
+from server.models import Build, Run, Sweep, SweepVariant
 from server.profiles.service import current_profiles
 from server.runs import service as runs
 from server.runs.prompts import prompts_of
@@ -19,9 +20,13 @@ logger = logging.getLogger(__name__)
 
 
 def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignment:
-    build = session.get(Build, run.build_id)
-    sweep = session.get(Sweep, run.sweep_id)
-    assert build is not None and sweep is not None
+    # The run's build, sweep and variant in one round trip (three lookups were three).
+    build, sweep, variant = session.execute(
+        select(Build, Sweep, SweepVariant)
+        .join(Sweep, Sweep.id == SweepVariant.sweep_id)
+        .join(Build, Build.id == run.build_id)
+        .where(SweepVariant.id == run.sweep_variant_id)
+    ).one()
     report = report_of(build)
     assert report is not None
     assert build.artifact_sha256 is not None and run.lease_expires_at is not None
@@ -30,8 +35,8 @@ def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignm
         sweep_id=sweep.id,
         build_id=build.id,
         model=build.model,
-        variant=VariantSpec.model_validate(run.variant.variant),
-        variant_label=run.variant.label,
+        variant=VariantSpec.model_validate(variant.variant),
+        variant_label=variant.label,
         device_class=run.device_class,
         prompts=int(sweep.spec["prompts"]),
         decode_tokens=int(sweep.spec["decode_tokens"]),
