@@ -125,6 +125,16 @@ def run_result(device: str, decode_tokens: int) -> dict:
     }  # fmt: skip
 
 
+def settle_database(database_url: str) -> None:
+    """Vacuum, analyse and checkpoint after the setup's thousands of inserts, so neither level
+    measures autovacuum or a checkpoint catching up with them."""
+    import psycopg
+
+    with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as connection:
+        connection.execute("VACUUM ANALYZE")
+        connection.execute("CHECKPOINT")
+
+
 class Tally:
     def __init__(self) -> None:
         self.upload_ms: list[float] = []
@@ -326,6 +336,7 @@ def main() -> None:
             # Every upload is its own device's run: the paced phase's, then the others'.
             devices = sum(clients * per_client[clients] * 2 for clients in levels)
             prepare(stack, devices, devices)
+            settle_database(database_url)
             figures, first = {}, 0
             for clients in levels:
                 figures[str(clients)] = asyncio.run(
