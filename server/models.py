@@ -426,6 +426,7 @@ class Upload(Base):
     state: Mapped[str] = mapped_column(String(16), default="open")
     sha256: Mapped[str | None] = mapped_column(String(64))
     created_by: Mapped[str] = mapped_column(String(128))
+    project_id: Mapped[int] = _project_column()
     created_at: Mapped[datetime] = _now_column()
     updated_at: Mapped[datetime] = _now_column()
 
@@ -444,4 +445,7 @@ class UserModel(Base):
     files: Mapped[list[Any]]
     summary: Mapped[dict[str, Any]]
     created_by: Mapped[str] = mapped_column(String(128))
+    # Whose it is: another project's models are not shown, listed, used nor downloaded. The
+    # name stays unique across the server (a build worker fetches a model by its name).
+    project_id: Mapped[int] = _project_column()
     created_at: Mapped[datetime] = _now_column()

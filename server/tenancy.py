@@ -35,6 +35,7 @@ from server.models import (
     SweepVariant,
     TokenKind,
     Upload,
+    UserModel,
 )
 
 _PROJECT_KEY = "tenancy.project_id"
@@ -90,14 +91,23 @@ def builds(session: Session) -> ColumnElement[bool]:
 
 
 def artifact_visible(session: Session, sha256: str) -> bool:
-    """An artifact is visible when a visible build produced it, or when it arrived through the
-    upload API (a file of a model users brought: models are not project-scoped yet, and their
-    file hashes are listed by ``GET /api/v1/models/{name}``)."""
+    """An artifact is visible when a visible build produced it, or when the project uploaded it
+    (a file of a model it brought)."""
     if not _bound(session):
         return True
     produced = exists().where(Build.artifact_sha256 == sha256, builds(session))
-    uploaded = exists().where(Upload.sha256 == sha256, Upload.state == "finished")
+    uploaded = exists().where(Upload.sha256 == sha256, Upload.state == "finished", uploads(session))
     return bool(session.scalar(select(produced | uploaded)))
+
+
+def uploads(session: Session) -> ColumnElement[bool]:
+    return _owned(session, Upload.project_id)
+
+
+def models(session: Session) -> ColumnElement[bool]:
+    """The models the project brought (names are unique across the server, contents are not
+    shown to another project)."""
+    return _owned(session, UserModel.project_id)
 
 
 def schedules(session: Session) -> ColumnElement[bool]:

@@ -40,17 +40,10 @@ def send(api, token: str, name: str, data: bytes, chunk: int = 1 << 18) -> str:
     return sha256
 
 
-# Blobs already sent in this session: the artifact store outlives each test's tables.
-_SENT: set[str] = set()
-
-
 def register(api, token: str, name: str, files: dict[str, bytes]):
-    refs = []
-    for path, data in files.items():
-        sha256 = hashlib.sha256(data).hexdigest()
-        if sha256 not in _SENT:
-            _SENT.add(send(api, token, path, data))
-        refs.append({"path": path, "sha256": sha256})
+    """Upload the files (each time: a model's files must be its own project's uploads, and the
+    tables are emptied between tests) and register them as ``name``."""
+    refs = [{"path": path, "sha256": send(api, token, path, data)} for path, data in files.items()]
     return api.post("/api/v1/models", json={"name": name, "files": refs}, headers=bearer(token))
 
 
@@ -321,3 +314,41 @@ def test_a_package_that_cannot_be_read_fails_its_build_naming_it(tmp_path: Path)
     variant = VariantSpec(package="mine", context=128)
     with pytest.raises(BuildError, match="^package mine: "):
         build_from_package(package, "tiny-gqa", "id", TINY_LLAMA, variant, tmp_path / "out")
+
+
+def test_another_projects_models_and_files_do_not_exist_for_a_token(
+    api, user_token, tiny_llama_folder
+) -> None:
+    """A model belongs to the project that brought it: another project's token finds nothing
+    of it (404 and empty lists), cannot use it in a sweep, download its files or register
+    them by their hashes; the name stays taken across the server (409, nothing more said)."""
+    from tests.test_tenancy import tokens
+
+    files = folder_files(tiny_llama_folder)
+    assert register(api, user_token, "mine", files).status_code == 201
+    model = api.get("/api/v1/models/mine", headers=bearer(user_token)).json()
+    other = bearer(tokens("elsewhere", "outsider"))
+
+    assert api.get("/api/v1/models", headers=other).json() == []
+    assert api.get("/api/v1/models/mine", headers=other).status_code == 404
+    for entry in model["files"]:
+        assert api.get(f"/api/v1/artifacts/{entry['sha256']}", headers=other).status_code == 404
+    spec = {"model": "upload:mine", "variants": [{"attention": "folded"}],
+            "devices": ["iphone-17-pro"]}  # fmt: skip
+    refused = api.post("/api/v1/sweeps", json=spec, headers=other)
+    assert refused.status_code == 422 and "no uploaded model 'mine'" in refused.json()["detail"]
+    by_hash = [{"path": e["path"], "sha256": e["sha256"]} for e in model["files"]]
+    stolen = api.post("/api/v1/models", json={"name": "copy", "files": by_hash}, headers=other)
+    assert stolen.status_code == 422 and "no finished upload" in stolen.json()["detail"]
+    taken = register(api, other.get("Authorization", "").removeprefix("Bearer "), "mine", files)
+    assert taken.status_code == 409 and "taken" in taken.json()["detail"]
+    assert model["content_sha256"] not in taken.text
+    # The same files uploaded by the other project are its own: it may register them anew.
+    assert api.get("/api/v1/models", headers=other).json() == []
+    assert (
+        register(api, other["Authorization"].removeprefix("Bearer "), "theirs", files).status_code
+        == 201
+    )
+    assert [m["name"] for m in api.get("/api/v1/models", headers=bearer(user_token)).json()] == [
+        "mine"
+    ]

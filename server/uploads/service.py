@@ -25,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.uploads import UploadCreate, UploadView
+from server import tenancy
 from server.artifacts.store import ArtifactStore
 from server.config import Settings
 from server.errors import Conflict, InvalidInput, NotFound, TooLarge
@@ -73,6 +74,7 @@ def create_upload(
         size=request.size,
         state=OPEN,
         created_by=by,
+        project_id=tenancy.owner(session),
     )
     session.add(upload)
     session.flush()
@@ -84,7 +86,9 @@ def create_upload(
 
 def get_upload(session: Session, upload_id: str, by: str, *, lock: bool = False) -> Upload:
     """The caller's upload (someone else's is not found)."""
-    statement = select(Upload).where(Upload.id == upload_id, Upload.created_by == by)
+    statement = select(Upload).where(
+        Upload.id == upload_id, Upload.created_by == by, tenancy.uploads(session)
+    )
     upload = session.scalar(statement.with_for_update() if lock else statement)
     if upload is None:
         raise NotFound(f"no upload {upload_id}")

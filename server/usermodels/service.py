@@ -30,6 +30,7 @@ from decodebench.modelfiles import (
     content_sha256,
     detect_kind,
 )
+from server import tenancy
 from server.artifacts.store import ArtifactStore
 from server.config import Settings
 from server.errors import Conflict, InvalidInput, NotFound, TooLarge
@@ -53,15 +54,28 @@ def view(model: UserModel) -> ModelView:
     )
 
 
+def _visible(session: Session, name: str) -> UserModel | None:
+    """The model of that name if this session's project may see it (404 otherwise, as if it
+    did not exist)."""
+    return session.scalar(select(UserModel).where(UserModel.name == name, tenancy.models(session)))
+
+
 def get_model(session: Session, name: str) -> UserModel:
-    model = session.scalar(select(UserModel).where(UserModel.name == name))
+    model = _visible(session, name)
     if model is None:
         raise NotFound(f"no model {name!r}")
     return model
 
 
 def list_models(session: Session, limit: int = 200) -> list[UserModel]:
-    return list(session.scalars(select(UserModel).order_by(UserModel.id.desc()).limit(limit)))
+    return list(
+        session.scalars(
+            select(UserModel)
+            .where(tenancy.models(session))
+            .order_by(UserModel.id.desc())
+            .limit(limit)
+        )
+    )
 
 
 def resolve_spec_model(session: Session, spec_model: str) -> UserModel | None:
@@ -70,7 +84,7 @@ def resolve_spec_model(session: Session, spec_model: str) -> UserModel | None:
     if not spec_model.startswith(UPLOAD_PREFIX):
         return None
     name = spec_model.removeprefix(UPLOAD_PREFIX)
-    model = session.scalar(select(UserModel).where(UserModel.name == name))
+    model = _visible(session, name)
     if model is None:
         raise InvalidInput(f"model: no uploaded model {name!r} (POST /api/v1/models first)")
     if model.kind == ModelKind.mlpackage:
@@ -80,7 +94,9 @@ def resolve_spec_model(session: Session, spec_model: str) -> UserModel | None:
     return model
 
 
-def _stored(store: ArtifactStore, request: ModelRegistration) -> dict[str, tuple[str, Path]]:
+def _stored(
+    session: Session, store: ArtifactStore, request: ModelRegistration
+) -> dict[str, tuple[str, Path]]:
     files: dict[str, tuple[str, Path]] = {}
     for index, ref in enumerate(request.files):
         where = f"files.{index} ({ref.path})"
@@ -90,7 +106,7 @@ def _stored(store: ArtifactStore, request: ModelRegistration) -> dict[str, tuple
             raise InvalidInput(f"{where}: {error}") from None
         if ref.path in files:
             raise InvalidInput(f"{where}: the path is given twice")
-        if not store.exists(ref.sha256):
+        if not store.exists(ref.sha256) or not tenancy.artifact_visible(session, ref.sha256):
             raise InvalidInput(f"{where}: no finished upload with sha256 {ref.sha256}")
         files[ref.path] = (ref.sha256, store.path_for(ref.sha256))
     return files
@@ -140,11 +156,12 @@ def register_model(
     settings: Settings,
 ) -> tuple[UserModel, bool]:
     """The model and whether it was created (False: the same files under that name already)."""
-    files = _stored(store, request)
+    files = _stored(session, store, request)
     content = content_sha256((path, sha) for path, (sha, _) in files.items())
+    project = tenancy.owner(session)
     existing = session.scalar(select(UserModel).where(UserModel.name == request.name))
     if existing is not None:
-        return _same_or_conflict(existing, content), False
+        return _same_or_conflict(existing, content, project), False
     total = sum(path.stat().st_size for _, path in files.values())
     if total > settings.max_model_bytes:
         raise TooLarge(
@@ -172,16 +189,22 @@ def register_model(
             ],
             summary=summary,
             created_by=by,
+            project_id=project,
         )
         .on_conflict_do_nothing(index_elements=[UserModel.name])
         .returning(UserModel.id)
     )
     if inserted is None:  # registered concurrently under the same name
-        return _same_or_conflict(get_model(session, request.name), content), False
+        raced = session.scalar(select(UserModel).where(UserModel.name == request.name))
+        assert raced is not None
+        return _same_or_conflict(raced, content, project), False
     return session.get_one(UserModel, inserted), True
 
 
-def _same_or_conflict(existing: UserModel, content: str) -> UserModel:
+def _same_or_conflict(existing: UserModel, content: str, project: int) -> UserModel:
+    if existing.project_id != project:
+        # Another project's model: say nothing of it but that the name is in use.
+        raise Conflict(f"name: {existing.name!r} is taken on this server; choose another name")
     if existing.content_sha256 != content:
         raise Conflict(
             f"name: a model {existing.name!r} already exists with other files "
@@ -221,7 +244,7 @@ def variant_identities(session: Session, spec: SweepSpec) -> list[str]:
 
 
 def _package(session: Session, index: int, name: str) -> UserModel:
-    package = session.scalar(select(UserModel).where(UserModel.name == name))
+    package = _visible(session, name)
     if package is None:
         raise InvalidInput(f"variants.{index}.package: no uploaded package {name!r}")
     if package.kind != ModelKind.mlpackage:
