@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from decodebench.contracts.api import ErrorResponse
 from decodebench.profiles import UnknownDeviceClass
 from server.config import get_settings
+
+logger = logging.getLogger(__name__)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -30,7 +34,8 @@ _DESCRIPTIONS = {
     409: "The resource is not in a state that allows this",
     413: "The request body is larger than the server accepts",
     422: "The request does not validate; the detail names the field",
-    503: "The server is saturated; retry after the Retry-After header's seconds",
+    503: "The server is saturated or its database unreachable; retry after the Retry-After "
+    "header's seconds",
 }
 # What every authenticated operation may answer besides success.
 AUTHENTICATED_ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
@@ -92,6 +97,23 @@ def install_error_handlers(app: FastAPI) -> None:
         retry_after = get_settings().retry_after_s
         return JSONResponse(
             {"detail": f"server busy: no database connection free; retry in {retry_after} s"},
+            status_code=503,
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_away(request: Request, exc: Exception) -> JSONResponse:
+        # The database went away mid-request (restarting, shutting down, unreachable) or gave
+        # up a transaction it could retry (a deadlock): nothing was committed, so the client
+        # is told to come back rather than handed a server error.
+        retry_after = get_settings().retry_after_s
+        logger.warning(
+            "%s %s: database unavailable: %s",
+            request.method, request.url.path, str(exc).splitlines()[0][:300],
+        )  # fmt: skip
+        return JSONResponse(
+            {"detail": f"the database is unavailable; retry in {retry_after} s"},
             status_code=503,
             headers={"Retry-After": str(retry_after)},
         )

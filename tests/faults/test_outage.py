@@ -112,3 +112,36 @@ def test_results_finished_during_an_outage_arrive_once_and_nothing_runs_twice(
     assert claims == 2  # one claim per run: none was executed again
     log = (stack.var_dir / "agent.log").read_text()
     assert "not delivered" in log and "delivered the results of run" in log
+
+
+def test_a_database_that_cannot_be_reached_is_503_with_retry_after_never_500(tmp_path) -> None:
+    """A server whose PostgreSQL refuses connections (restarting, say) tells every request to
+    come back later: 503 with Retry-After, the same as a saturated pool, not a server error."""
+    unreachable = "postgresql+psycopg://postgres@127.0.0.1:9/nowhere"  # the discard port
+    stack = Stack(database_url=unreachable, broker_url="memory://", var_dir=tmp_path / "var")
+    stack.var_dir.mkdir(parents=True)
+    stack._spawn(
+        "server",
+        ["python", "-m", "server", "--host", "127.0.0.1", "--port", str(stack.port)],
+        stack.env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"{stack.server_url}/api/v1/health", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.3)
+        assert health.status_code == 503
+        headers = bearer("dbk_user_anything")
+        for method, path in (("GET", "/api/v1/sweeps"), ("POST", "/api/v1/agents/heartbeat")):
+            answer = httpx.request(method, f"{stack.server_url}{path}", headers=headers,
+                                   json={"devices": []}, timeout=30)  # fmt: skip
+            assert answer.status_code == 503, (path, answer.text)
+            assert answer.headers["Retry-After"].isdigit()
+            assert "database is unavailable" in answer.json()["detail"]
+        assert "Traceback" not in (stack.var_dir / "server.log").read_text()
+    finally:
+        stack.stop()
