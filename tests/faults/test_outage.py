@@ -8,6 +8,7 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 import zipfile
 
@@ -122,7 +123,7 @@ def test_a_database_that_cannot_be_reached_is_503_with_retry_after_never_500(tmp
     stack.var_dir.mkdir(parents=True)
     stack._spawn(
         "server",
-        ["python", "-m", "server", "--host", "127.0.0.1", "--port", str(stack.port)],
+        [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(stack.port)],
         stack.env(),
     )
     try:
@@ -132,6 +133,7 @@ def test_a_database_that_cannot_be_reached_is_503_with_retry_after_never_500(tmp
                 health = httpx.get(f"{stack.server_url}/api/v1/health", timeout=5)
                 break
             except httpx.TransportError:
+                stack.check_alive()
                 assert time.monotonic() < deadline, "the server did not start"
                 time.sleep(0.3)
         assert health.status_code == 503
