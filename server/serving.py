@@ -87,17 +87,22 @@ class Supervisor:
         signal.signal(signal.SIGINT, self.stop)
         self.processes = [self.start() for _ in range(self.workers)]
         started = [time.monotonic()] * self.workers
+        # Per process, how long one that dies at once (a bad setting, the database away) waits
+        # before it is started again: doubling up to 10 s, so not a tight loop of restarts.
+        pause = [0.5] * self.workers
         log.warning("serving on %s:%d with %d processes", self.args[0], self.args[1], self.workers)
-        backoff = 0.5
         while not self.stopping:
-            time.sleep(backoff)
+            time.sleep(0.5)  # the pause between looks, also how soon a stop is acted on
             for index, process in enumerate(self.processes):
                 if process.is_alive() or self.stopping:
                     continue
-                # One that dies at once (a bad setting, the database away) is started again
-                # after a growing pause, not in a tight loop.
-                quick = time.monotonic() - started[index] < 10
-                backoff = min(backoff * 2, 10.0) if quick else 0.5
+                lived = time.monotonic() - started[index]
+                if lived >= 10:
+                    pause[index] = 0.5
+                elif lived < pause[index]:
+                    continue
+                else:
+                    pause[index] = min(pause[index] * 2, 10.0)
                 log.warning("server process %s exited with %s; starting another",
                             process.pid, process.exitcode)  # fmt: skip
                 self.processes[index] = self.start()
