@@ -289,14 +289,14 @@ async def level(
         capacity = await phase(stack, sessions, [runs[uploads:] for runs in claimed], seconds, 0)
     finally:
         await asyncio.gather(*(session.aclose() for session in sessions))
-    claim_errors = {"claim_errors": claims.errors, "claim_error_kinds": claims.statuses}
     return {
         **paced,
         "errors": paced["errors"] + claims.errors,
         "offered_results_per_s": rate,
         "claim_p50_ms": percentile(claims.claim_ms, 0.50),
         "claim_p99_ms": percentile(claims.claim_ms, 0.99),
-        **claim_errors,
+        "claim_errors": claims.errors,
+        "claim_error_kinds": claims.statuses,
         "back_to_back": capacity,
     }
 

@@ -130,8 +130,9 @@ class Stack:
         self.processes[name] = process
         return process
 
-    def start_server(self, *args: str, **settings: str) -> None:
-        """``args`` go to `python -m server` (``--workers 2``); ``settings`` are environment."""
+    def start_server(self, *args: str, health: int = 200, **settings: str) -> None:
+        """``args`` go to `python -m server` (``--workers 2``); ``settings`` are environment.
+        Returns once `/api/v1/health` answers ``health`` (503: a server whose database is away)."""
         self._spawn(
             "server",
             [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port),
@@ -142,7 +143,7 @@ class Stack:
         while time.monotonic() < deadline:
             self.check_alive()
             try:
-                if httpx.get(f"{self.server_url}/api/v1/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.server_url}/api/v1/health", timeout=2).status_code == health:
                     return
             except httpx.TransportError:
                 pass

@@ -110,7 +110,7 @@ def install_error_handlers(app: FastAPI) -> None:
         retry_after = get_settings().retry_after_s
         logger.warning(
             "%s %s: database unavailable: %s",
-            request.method, request.url.path, str(exc).splitlines()[0][:300],
+            request.method, request.url.path, str(exc).partition("\n")[0][:300],
         )  # fmt: skip
         return JSONResponse(
             {"detail": f"the database is unavailable; retry in {retry_after} s"},

@@ -327,7 +327,8 @@ def test_another_projects_models_and_files_do_not_exist_for_a_token(
     files = folder_files(tiny_llama_folder)
     assert register(api, user_token, "mine", files).status_code == 201
     model = api.get("/api/v1/models/mine", headers=bearer(user_token)).json()
-    other = bearer(tokens("elsewhere", "outsider"))
+    outsider = tokens("elsewhere", "outsider")
+    other = bearer(outsider)
 
     assert api.get("/api/v1/models", headers=other).json() == []
     assert api.get("/api/v1/models/mine", headers=other).status_code == 404
@@ -340,15 +341,12 @@ def test_another_projects_models_and_files_do_not_exist_for_a_token(
     by_hash = [{"path": e["path"], "sha256": e["sha256"]} for e in model["files"]]
     stolen = api.post("/api/v1/models", json={"name": "copy", "files": by_hash}, headers=other)
     assert stolen.status_code == 422 and "no finished upload" in stolen.json()["detail"]
-    taken = register(api, other.get("Authorization", "").removeprefix("Bearer "), "mine", files)
+    taken = register(api, outsider, "mine", files)
     assert taken.status_code == 409 and "taken" in taken.json()["detail"]
     assert model["content_sha256"] not in taken.text
     # The same files uploaded by the other project are its own: it may register them anew.
     assert api.get("/api/v1/models", headers=other).json() == []
-    assert (
-        register(api, other["Authorization"].removeprefix("Bearer "), "theirs", files).status_code
-        == 201
-    )
+    assert register(api, outsider, "theirs", files).status_code == 201
     assert [m["name"] for m in api.get("/api/v1/models", headers=bearer(user_token)).json()] == [
         "mine"
     ]

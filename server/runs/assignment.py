@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignment:
-    # The run's build, sweep and variant in one round trip (three lookups were three).
+    # The run's build, sweep and variant in one round trip (three lookups before).
     build, sweep, variant = session.execute(
         select(Build, Sweep, SweepVariant)
         .join(Sweep, Sweep.id == SweepVariant.sweep_id)

@@ -269,8 +269,8 @@ def record_results(session: Session, run_id: int, agent_id: int, result: RunResu
                 f"exceeds the sweep's decode_tokens {decode_tokens}"
             )
     # One round trip and one short statement for the whole batch: a run's prompts arrive in one
-    # upload, each column as one array parameter.
-    rows: Sequence[Any] = session.execute(_UPSERT_PROMPTS, _prompt_columns(run_id, result)).all()
+    # upload, and travel on as one JSON document.
+    rows: Sequence[Any] = session.execute(_UPSERT_PROMPTS, _upsert_parameters(run_id, result)).all()
     if len({prompt.prompt_index for prompt in result.prompts}) < expected_prompts:
         # A partial upload: the run's figures are what is stored, earlier uploads included.
         rows = session.execute(
@@ -335,7 +335,7 @@ def _upsert_prompts_statement() -> TextClause:
     )
 
 
-def _prompt_columns(run_id: int, result: RunResult) -> dict[str, Any]:
+def _upsert_parameters(run_id: int, result: RunResult) -> dict[str, Any]:
     prompts = _PROMPTS_JSON.dump_json(result.prompts).decode()
     return {"run_id": run_id, "simulated": result.simulated, "prompts": prompts}
 

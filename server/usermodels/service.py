@@ -54,6 +54,11 @@ def view(model: UserModel) -> ModelView:
     )
 
 
+def _named(session: Session, name: str) -> UserModel | None:
+    """The model of that name in any project: names are unique across the server."""
+    return session.scalar(select(UserModel).where(UserModel.name == name))
+
+
 def _visible(session: Session, name: str) -> UserModel | None:
     """The model of that name if this session's project may see it (404 otherwise, as if it
     did not exist)."""
@@ -159,7 +164,7 @@ def register_model(
     files = _stored(session, store, request)
     content = content_sha256((path, sha) for path, (sha, _) in files.items())
     project = tenancy.owner(session)
-    existing = session.scalar(select(UserModel).where(UserModel.name == request.name))
+    existing = _named(session, request.name)
     if existing is not None:
         return _same_or_conflict(existing, content, project), False
     total = sum(path.stat().st_size for _, path in files.values())
@@ -195,7 +200,7 @@ def register_model(
         .returning(UserModel.id)
     )
     if inserted is None:  # registered concurrently under the same name
-        raced = session.scalar(select(UserModel).where(UserModel.name == request.name))
+        raced = _named(session, request.name)
         assert raced is not None
         return _same_or_conflict(raced, content, project), False
     return session.get_one(UserModel, inserted), True

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import signal
-import sys
 import time
 import zipfile
 
@@ -121,22 +120,8 @@ def test_a_database_that_cannot_be_reached_is_503_with_retry_after_never_500(tmp
     unreachable = "postgresql+psycopg://postgres@127.0.0.1:9/nowhere"  # the discard port
     stack = Stack(database_url=unreachable, broker_url="memory://", var_dir=tmp_path / "var")
     stack.var_dir.mkdir(parents=True)
-    stack._spawn(
-        "server",
-        [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(stack.port)],
-        stack.env(),
-    )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                health = httpx.get(f"{stack.server_url}/api/v1/health", timeout=5)
-                break
-            except httpx.TransportError:
-                stack.check_alive()
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.3)
-        assert health.status_code == 503
+        stack.start_server(health=503)  # health answers 503 while the database is away
         headers = bearer("dbk_user_anything")
         for method, path in (("GET", "/api/v1/sweeps"), ("POST", "/api/v1/agents/heartbeat")):
             answer = httpx.request(method, f"{stack.server_url}{path}", headers=headers,
