@@ -132,27 +132,57 @@ class ServerBusy(Exception):
     """No admission within the pool timeout."""
 
 
-_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+class _Slots:
+    """One process's admission slots, and the share of them claims may hold."""
+
+    def __init__(self, total: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.all = asyncio.Semaphore(total)
+        self.claims = asyncio.Semaphore(claim_share(total))
+
+
+def claim_share(total: int) -> int:
+    """How many of ``total`` slots looks at the queue may hold at once: all but a quarter (at
+    least one), so a thousand devices woken together cannot keep a build's completion, a
+    result upload or a heartbeat waiting behind their claims until it is told 503."""
+    return max(1, total - max(1, total // 4))
+
+
+_slots: _Slots | None = None
 
 
 @asynccontextmanager
-async def admitted() -> AsyncIterator[None]:
+async def admitted(*, claim_wait_s: float | None = None) -> AsyncIterator[None]:
     """Hold one of the process's admission slots (one per database connection); raises
-    `ServerBusy` when none frees up within the pool timeout."""
+    `ServerBusy` when none frees up within the pool timeout.
+
+    A look at the queue (``claim_wait_s`` given) first waits for the claims' share of the slots,
+    for up to ``claim_wait_s`` (what is left of its long poll, at least the pool timeout): it
+    holds nothing meanwhile but its place in line."""
     global _slots
     settings = get_settings()
-    loop = asyncio.get_running_loop()
-    if _slots is None or _slots[0] is not loop:
-        _slots = (loop, asyncio.Semaphore(settings.db_pool_size + settings.db_max_overflow))
-    slots = _slots[1]
+    if _slots is None or _slots.loop is not asyncio.get_running_loop():
+        _slots = _Slots(settings.db_pool_size + settings.db_max_overflow)
+    slots = _slots
+    share = None
+    if claim_wait_s is not None:
+        share = slots.claims
+        try:
+            await asyncio.wait_for(share.acquire(), max(claim_wait_s, settings.db_pool_timeout_s))
+        except TimeoutError:
+            raise ServerBusy from None
     try:
-        await asyncio.wait_for(slots.acquire(), settings.db_pool_timeout_s)
-    except TimeoutError:
-        raise ServerBusy from None
-    try:
-        yield
+        try:
+            await asyncio.wait_for(slots.all.acquire(), settings.db_pool_timeout_s)
+        except TimeoutError:
+            raise ServerBusy from None
+        try:
+            yield
+        finally:
+            slots.all.release()
     finally:
-        slots.release()
+        if share is not None:
+            share.release()
 
 
 def busy_response() -> JSONResponse:

@@ -75,7 +75,7 @@ async def claim(body: ClaimRequest, request: Request) -> ClaimResponse | JSONRes
 async def _claim(body: ClaimRequest, request: Request) -> ClaimResponse:
     settings = get_settings()
     if body.wait_seconds == 0:
-        assignment, _ = await _look(request, body)
+        assignment, _ = await _look(request, body, 0.0)
         return ClaimResponse(run=assignment)
     wakeups = claim_wakeups(settings.database_url)
     loop = asyncio.get_running_loop()
@@ -86,7 +86,7 @@ async def _claim(body: ClaimRequest, request: Request) -> ClaimResponse:
     try:
         while True:
             mark = wakeups.received
-            assignment, device_class = await _look(request, body)
+            assignment, device_class = await _look(request, body, deadline - loop.time())
             remaining_s = deadline - loop.time()
             if assignment is not None or remaining_s <= 0 or gone.done():
                 return ClaimResponse(run=assignment)
@@ -107,9 +107,12 @@ async def _claim(body: ClaimRequest, request: Request) -> ClaimResponse:
         gone.cancel()
 
 
-async def _look(request: Request, body: ClaimRequest) -> tuple[RunAssignment | None, str]:
-    """One look, admitted like any request (server/limits.py) for its duration only."""
-    async with admitted():
+async def _look(
+    request: Request, body: ClaimRequest, wait_s: float
+) -> tuple[RunAssignment | None, str]:
+    """One look, admitted for its duration only, within the claims' share of the slots
+    (server/limits.py); it may wait for that share for up to ``wait_s``."""
+    async with admitted(claim_wait_s=wait_s):
         return await run_in_threadpool(_claim_once, request, body)
 
 

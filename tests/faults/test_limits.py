@@ -132,3 +132,49 @@ def test_a_claim_fails_a_run_it_cannot_assign_and_hands_out_the_next(
         ).all()
     assert failed and all(build_id == bad_build for build_id, _ in failed)
     assert all("cannot assign run" in reason for _, reason in failed), failed
+
+
+def test_a_storm_of_claims_leaves_slots_for_every_other_request(monkeypatch) -> None:
+    """A thousand devices woken at once queue for the claims' share of the admission slots; a
+    build's completion (or a result upload) arriving behind them is admitted at once, not told
+    503 after the pool timeout."""
+    from server import limits
+    from server.config import get_settings
+
+    settings = get_settings()
+    monkeypatch.setattr(settings, "db_pool_size", 3)
+    monkeypatch.setattr(settings, "db_max_overflow", 1)
+    monkeypatch.setattr(settings, "db_pool_timeout_s", 0.5)
+    monkeypatch.setattr(limits, "_slots", None)
+    assert [limits.claim_share(total) for total in (1, 2, 4, 12)] == [1, 1, 3, 9]
+
+    async def scenario() -> tuple[int, int, float]:
+        holding = 0
+        most = 0
+        release = asyncio.Event()
+
+        async def look() -> None:
+            nonlocal holding, most
+            async with limits.admitted(claim_wait_s=30):
+                holding += 1
+                most = max(most, holding)
+                await release.wait()
+                holding -= 1
+
+        looks = [asyncio.create_task(look()) for _ in range(50)]
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 10
+        while most < 3 and loop.time() < until:  # the first looks are in (polled: a loaded machine)
+            await asyncio.sleep(0.01)
+        started = loop.time()
+        async with limits.admitted():  # behind 50 claims; 3 of the 4 slots are theirs
+            other_waited = loop.time() - started
+        queued = sum(not task.done() for task in looks)
+        release.set()
+        await asyncio.gather(*looks)
+        return most, queued, other_waited
+
+    most, queued, other_waited = asyncio.run(scenario())
+    assert most == 3  # claims never held the last slot
+    assert queued == 50  # they waited for their share beyond the pool timeout, not 503
+    assert other_waited < 0.2
