@@ -22,8 +22,9 @@ agent processes as it needs (`--devices-per-agent`, each `python -m agent --simu
    every failed run; `longest_claim_gap_s` the longest time without any claim in the window
    (a stall).
 
-Prints one JSON object keyed by size. PostgreSQL's own CPU is not in the server figures; the
-machine's total is reported as `machine_cpu_percent` for the busy window.
+Prints one JSON object keyed by size. Where the rest of the machine went in the busy window:
+`agent_cpu_ms_per_run` (the agent processes), `postgres_cpu_ms_per_run` (every PostgreSQL
+process, its other databases' work included) and `machine_cpu_percent` (all of it).
 """
 
 from __future__ import annotations
@@ -119,20 +120,33 @@ def complete_builds(client: httpx.Client, builds: list[dict], worker: str) -> No
 
 
 class Cpu:
-    """CPU seconds of a process and its children (uvicorn's workers)."""
+    """CPU seconds of processes and all their descendants, the ones that ended (and were reaped)
+    included: the server's processes, the agents, PostgreSQL's backends."""
 
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
+    def __init__(self, *pids: int) -> None:
+        self.roots = [psutil.Process(pid) for pid in pids]
 
     def seconds(self) -> float:
         total = 0.0
-        for process in [self.root, *self.root.children(recursive=True)]:
+        for root in self.roots:
             try:
-                times = process.cpu_times()
-                total += times.user + times.system
+                children = root.children(recursive=True)
+                times = root.cpu_times()
             except psutil.NoSuchProcess:
-                pass
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+            for process in children:
+                try:
+                    times = process.cpu_times()
+                    total += times.user + times.system
+                except psutil.NoSuchProcess:
+                    pass
         return total
+
+
+def postmaster_pid(database_url: str) -> int:
+    directory = sql(database_url, "SHOW data_directory")[0][0]
+    return int((Path(directory) / "postmaster.pid").read_text().split()[0])
 
 
 def sql(database_url: str, query: str, **params: object) -> list[tuple]:
@@ -180,6 +194,8 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
                 raise RuntimeError(f"only {sql(url, registered)[0][0]} of {devices} registered")
             time.sleep(1)
         cpu = Cpu(stack.processes["server"].pid)
+        agent_cpu = Cpu(*(p.pid for n, p in stack.processes.items() if n.startswith("agent-")))
+        postgres_cpu = Cpu(postmaster_pid(url))
         time.sleep(args.settle_seconds)  # every device's first claim is now a long poll
 
         before = cpu.seconds()
@@ -215,6 +231,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
                                     headers=bearer(user)).json()  # fmt: skip
                 bulk_builds = bulk_builds or sweep["builds"]
             cpu_before, machine_before = cpu.seconds(), psutil.cpu_times()
+            agent_before, postgres_before = agent_cpu.seconds(), postgres_cpu.seconds()
             t0 = datetime.now(UTC)
             wall_t0 = time.time()
             complete_builds(client, bulk_builds, worker)
@@ -228,6 +245,8 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
         t1 = datetime.now(UTC)
         wall_t1 = time.time()
         server_cpu = cpu.seconds() - cpu_before
+        agents_cpu = agent_cpu.seconds() - agent_before
+        database_cpu = postgres_cpu.seconds() - postgres_before
         machine = psutil.cpu_times()
         machine_busy = sum(getattr(machine, f) - getattr(machine_before, f)
                            for f in ("user", "system", "nice", "irq", "softirq"))  # fmt: skip
@@ -281,6 +300,8 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
         "claim_p50_ms": percentile(claims, 0.5), "claims_timed": len(claims),
         "first_pickup_p50_ms": percentile(pickups, 0.5), "pickups_timed": len(pickups),
         "longest_claim_gap_s": round(max(gaps), 2) if gaps else None,
+        "agent_cpu_ms_per_run": round(agents_cpu * 1000 / max(finished, 1), 1),
+        "postgres_cpu_ms_per_run": round(database_cpu * 1000 / max(finished, 1), 1),
         "runs_left_queued": left, "runs_failed": failed,
         "machine_cpu_percent": round(machine_busy / window_s / psutil.cpu_count() * 100, 1),
         "error_lines": problems[:5],
@@ -291,6 +312,8 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
             "utilisation",
             "claim_p99_ms",
             "server_cpu_ms_per_run",
+            "agent_cpu_ms_per_run",
+            "postgres_cpu_ms_per_run",
             "window_s",
             "claim_p50_ms",
             "longest_claim_gap_s",
