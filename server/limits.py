@@ -157,23 +157,27 @@ async def admitted(*, claim_wait_s: float | None = None) -> AsyncIterator[None]:
     `ServerBusy` when none frees up within the pool timeout.
 
     A look at the queue (``claim_wait_s`` given) first waits for the claims' share of the slots,
-    for up to ``claim_wait_s`` (what is left of its long poll, at least the pool timeout): it
-    holds nothing meanwhile but its place in line."""
+    then for a slot, for up to ``claim_wait_s`` in all (what is left of its long poll, at least
+    the pool timeout): it holds nothing meanwhile but its place in line, and a device that would
+    otherwise be told 503 and come back later waits its turn instead."""
     global _slots
     settings = get_settings()
     if _slots is None or _slots.loop is not asyncio.get_running_loop():
         _slots = _Slots(settings.db_pool_size + settings.db_max_overflow)
     slots = _slots
     share = None
+    wait_s = settings.db_pool_timeout_s
     if claim_wait_s is not None:
         share = slots.claims
+        started = slots.loop.time()
         try:
-            await asyncio.wait_for(share.acquire(), max(claim_wait_s, settings.db_pool_timeout_s))
+            await asyncio.wait_for(share.acquire(), max(claim_wait_s, wait_s))
         except TimeoutError:
             raise ServerBusy from None
+        wait_s = max(claim_wait_s - (slots.loop.time() - started), wait_s)
     try:
         try:
-            await asyncio.wait_for(slots.all.acquire(), settings.db_pool_timeout_s)
+            await asyncio.wait_for(slots.all.acquire(), wait_s)
         except TimeoutError:
             raise ServerBusy from None
         try:
