@@ -1,27 +1,34 @@
 """The agent process: register, heartbeat the inventory, claim and run work for each device.
 
-One thread per device claims and executes that device's runs (one in flight per device, and
-nothing shared between devices that one run would hold: the outbox, the artifact cache and the
-HTTP connections serve them concurrently); one thread heartbeats the whole inventory in one
-request, at most every HEARTBEAT_MIN_GAP_S; the main thread supervises and handles
-SIGTERM/SIGINT. An idle device holds a long-poll claim (`--claim-wait`) the server answers as
-soon as a run is claimable; each claim carries a key sent again with its retries, so a claim
-whose answer is lost gets the same run. On shutdown no new run is claimed (one a long poll
-brings back is given back at once) and a run in flight either finishes or fails with "agent
-shutting down".
+One asyncio task per device claims and executes that device's runs, all on one event loop (the
+"devices" thread): an idle device's long-poll claim (`--claim-wait`, answered by the server as
+soon as a run is claimable) is a request awaited by its task, so a thousand idle devices are a
+thousand sockets, not a thousand threads. What blocks — the driver's work on the phone, the
+health probe, the outbox's delivery — runs in a thread of a pool that grows with the runs in
+flight (one per device at most, and nothing shared between devices that one run would hold: the
+outbox, the artifact cache and the HTTP connections serve them concurrently). One thread
+heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S; the calling
+thread supervises and handles SIGTERM/SIGINT. Each claim carries a key sent again with its
+retries, so a claim whose answer is lost gets the same run. On shutdown no new run is claimed
+(one a long poll brings back is given back at once) and a run in flight either finishes or
+fails with "agent shutting down".
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import signal
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import TypeVar
 
 import httpx
 
@@ -41,11 +48,12 @@ from agent.registration import (
     register_with_backoff,
 )
 from agent.runner import RunExecutor, RunOutcome
-from decodebench.client import ApiError, DecodebenchClient
+from decodebench.client import ApiError, AsyncClaims, DecodebenchClient
 from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import AgentRegistration, ClaimResponse, DeviceInfo
 
 log = logging.getLogger("agent")
+_T = TypeVar("_T")
 
 __all__ = [  # the registration helpers stay importable from here
     "Agent",
@@ -60,8 +68,11 @@ __all__ = [  # the registration helpers stay importable from here
 SUPERVISE_TICK_S = 0.2
 # However many devices change state, the server hears from this agent at most this often.
 HEARTBEAT_MIN_GAP_S = 1.0
-# On shutdown, how long a device thread that is only waiting for work is waited for.
-IDLE_THREAD_JOIN_S = 2.0
+# On shutdown, how long a device that is only waiting for work is waited for.
+IDLE_DEVICE_JOIN_S = 2.0
+# Threads for blocking device work: made only as runs in flight need them (one per busy device),
+# so the cap only has to exceed any host's device count.
+BLOCKING_THREADS_MAX = 4096
 
 
 @dataclass
@@ -72,7 +83,7 @@ class DeviceSlot:
     empty_polls: int = 0
     connected: bool = True
     probed_at: float | None = None
-    thread: threading.Thread | None = None
+    task: asyncio.Task[None] | None = None
 
 
 class Agent:
@@ -97,6 +108,12 @@ class Agent:
         self._inventory_changed = threading.Event()
         self._last_activity = time.monotonic()
         self._stop_reason = ""
+        # The devices' event loop, once it runs (see _serve_devices).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._claims: AsyncClaims | None = None
+        self._loop_ready = threading.Event()
+        self._blocking_pool = ThreadPoolExecutor(BLOCKING_THREADS_MAX, thread_name_prefix="device")
 
     def request_stop(self, reason: str) -> None:
         if self.stop.is_set():
@@ -106,6 +123,21 @@ class Agent:
         log.info("shutting down: %s", reason)
         self.stop.set()
         self._inventory_changed.set()  # wake the heartbeat thread
+        self._call_in_loop(self._wake_devices)
+
+    def _call_in_loop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the devices' event loop (from any thread), if it runs."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # the loop has closed: nothing left to wake
+            pass
+
+    def _wake_devices(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
 
     def run(self) -> int:
         """Serve until stopped; the process exit status."""
@@ -137,25 +169,72 @@ class Agent:
         )
         self._touch()
         heartbeat.start()
-        with self._lock:
-            slots = list(self._slots.values())
-        for slot in slots:
-            self._start_device_thread(slot)
+        serving = threading.Thread(target=self._serve_devices, name="devices")
+        serving.start()
+        self._loop_ready.wait()
         self._supervise()
         heartbeat.join()
-        for slot in slots + list(self._slots.values()):
-            if slot.thread is not None:
-                # A run in flight finishes or fails; a long-poll claim is not waited out.
-                slot.thread.join(None if slot.current_run is not None else IDLE_THREAD_JOIN_S)
+        serving.join()
+        self._blocking_pool.shutdown(wait=False)
         self._send_heartbeat(status=DeviceStatus.offline)
         log.info("agent stopped (%s)", self._stop_reason)
         return 0
 
-    def _start_device_thread(self, slot: DeviceSlot) -> None:
-        slot.thread = threading.Thread(
-            target=self._device_loop, args=(slot,), name=f"device-{slot.info.udid}", daemon=True
-        )
-        slot.thread.start()
+    def _serve_devices(self) -> None:
+        """The devices' thread: their event loop, until the agent stops."""
+        try:
+            asyncio.run(self._devices_main())
+        except Exception:
+            log.exception("the devices' event loop failed")
+            self.request_stop("the devices' event loop failed")
+        finally:
+            self._loop_ready.set()  # the loop never ran (it failed): do not keep run() waiting
+
+    async def _devices_main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        if self.stop.is_set():
+            self._stopping.set()
+        async with self.client.claims() as claims:
+            self._claims = claims
+            with self._lock:
+                slots = list(self._slots.values())
+            for slot in slots:
+                self._ensure_device_task(slot)
+            self._loop_ready.set()
+            await self._stopping.wait()
+            with self._lock:
+                tasks = [(s.task, s.current_run) for s in self._slots.values() if s.task]
+            # A run in flight finishes or fails; a long-poll claim is not waited out.
+            busy = [task for task, run in tasks if run is not None]
+            idle = [task for task, run in tasks if run is None]
+            if idle:
+                _, pending = await asyncio.wait(idle, timeout=IDLE_DEVICE_JOIN_S)
+                for task in pending:
+                    task.cancel()
+            await asyncio.gather(*busy, *idle, return_exceptions=True)
+        self._loop = None
+
+    def _ensure_device_task(self, slot: DeviceSlot) -> None:
+        """Serve ``slot`` with a task of its own unless one already does (on the loop)."""
+        if slot.task is None or slot.task.done():
+            slot.task = asyncio.get_running_loop().create_task(
+                self._device_loop(slot), name=f"device-{slot.info.udid}"
+            )
+            slot.task.add_done_callback(_log_failure)
+
+    async def _blocking(self, function: Callable[..., _T], *args: object) -> _T:
+        """``function(*args)`` in a thread of the pool, awaited by the calling task."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._blocking_pool, functools.partial(function, *args))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when the agent stops."""
+        assert self._stopping is not None
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
 
     def _registration(self) -> AgentRegistration:
         return AgentRegistration(
@@ -231,8 +310,7 @@ class Agent:
         if appeared:
             self._send_heartbeat()  # the server must know a device before it is claimed for
             for slot in appeared:
-                if slot.thread is None or not slot.thread.is_alive():
-                    self._start_device_thread(slot)
+                self._call_in_loop(functools.partial(self._ensure_device_task, slot))
 
     def _heartbeat_loop(self, interval_s: float) -> None:
         while not self.stop.is_set():
@@ -298,31 +376,32 @@ class Agent:
             self._inventory_changed.set()
         return gated
 
-    def _device_loop(self, slot: DeviceSlot) -> None:
+    async def _device_loop(self, slot: DeviceSlot) -> None:
         udid = slot.info.udid
         while not self.stop.is_set() and slot.connected:
-            info = self._check_health(slot)
+            info = await self._blocking(self._check_health, slot)
             if info.status != READY:
                 with self._lock:
                     slot.empty_polls += 1
-                self.stop.wait(self.settings.poll_interval_s)
+                await self._pause(self.settings.poll_interval_s)
                 continue
             # Finished results first: claiming while they wait could see their run expire and
             # be claimed again, here or elsewhere.
-            if not self.executor.outbox.deliver(self.client.upload_results, self.stop):
+            outbox = self.executor.outbox
+            if not await self._blocking(outbox.deliver, self.client.upload_results, self.stop):
                 break
             long_poll_s = 0 if self.settings.once else self.settings.claim_wait_s
-            claim = self._claim(udid, long_poll_s)
+            claim = await self._claim(udid, long_poll_s)
             if claim is None:
                 break  # stopping
             if claim.run is None:
                 with self._lock:
                     slot.empty_polls += 1
                 if not long_poll_s:
-                    self.stop.wait(self.settings.poll_interval_s)
+                    await self._pause(self.settings.poll_interval_s)
                 continue
             if self.stop.is_set():
-                self._give_back(claim.run.run_id)
+                await self._blocking(self._give_back, claim.run.run_id)
                 break
             with self._lock:
                 slot.empty_polls = 0
@@ -331,7 +410,7 @@ class Agent:
             # next regular heartbeat says so.
             self._touch()
             try:
-                outcome = self.executor.execute(claim.run, info)
+                outcome = await self._blocking(self.executor.execute, claim.run, info)
                 self._learn(slot, outcome)
             except Exception:  # execute reports run failures itself; keep the device serving
                 log.exception("run %d: unexpected error outside the run", claim.run.run_id)
@@ -345,15 +424,16 @@ class Agent:
             "stopping" if self.stop.is_set() else "disconnected",
         )
 
-    def _claim(self, udid: str, wait_s: int) -> ClaimResponse | None:
+    async def _claim(self, udid: str, wait_s: int) -> ClaimResponse | None:
         """A claim, retried with the same key while its answer does not arrive (so a claim the
         server granted is not orphaned); None once stopping."""
+        assert self._claims is not None
         key = uuid.uuid4().hex
         failures = 0
         while not self.stop.is_set():
             sent_at, started = time.time(), time.monotonic()
             try:
-                claim = self.client.claim_run(udid, claim_key=key, wait_seconds=wait_s)
+                claim = await self._claims.claim_run(udid, claim_key=key, wait_seconds=wait_s)
                 if claim.run is not None:  # bench/scheduler.py reads this line
                     log.info(
                         "run %d: claim answered in %.1f ms, sent at %.3f",
@@ -368,7 +448,7 @@ class Agent:
                 log.warning("claim for %s failed (%r); retrying in %.0f s", udid, error, delay_s)
                 if not is_transient(error):
                     key = uuid.uuid4().hex  # refused, not lost: the next claim is a new one
-                self.stop.wait(delay_s)
+                await self._pause(delay_s)
         return None
 
     def _give_back(self, run_id: int) -> None:
@@ -389,6 +469,13 @@ class Agent:
                 hold_s,
             )
         slot.probed_at = None  # look at the device again before the next claim
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """A device's task that ended with an error says so (the device is served again when it
+    reconnects)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped serving", task.get_name(), exc_info=task.exception())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

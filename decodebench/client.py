@@ -56,21 +56,50 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status_code}: {detail}")
 
 
+def _answer(response: httpx.Response) -> Any:
+    """The response's JSON; raises ApiError with the server's detail for an error status."""
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise ApiError(response.status_code, detail)
+    if response.status_code == 204 or not response.content:
+        return None
+    return response.json()
+
+
+def _claim_body(device_udid: str, claim_key: str | None, wait_seconds: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"device_udid": device_udid}
+    if claim_key is not None:
+        body["claim_key"] = claim_key
+    if wait_seconds:
+        body["wait_seconds"] = wait_seconds
+    return body
+
+
 class DecodebenchClient:
     def __init__(
         self, base_url: str, token: str, timeout: float = 30.0, max_connections: int = 100
     ) -> None:
-        """``max_connections``: requests in flight at once (an agent long-polls one claim per
-        device, so it needs at least one per device)."""
+        """``max_connections``: requests in flight at once (an agent's devices each upload and
+        renew a lease besides the long-poll claims of `claims()`)."""
         self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}"},
+            headers=self._headers,
             timeout=timeout,
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
         )
+
+    def claims(self) -> AsyncClaims:
+        """An asyncio client for claims, on the same server and token: an agent's idle devices
+        each hold a long poll there, as tasks of one event loop rather than a thread each."""
+        return AsyncClaims(self.base_url, self._headers, self._timeout)
 
     def close(self) -> None:
         self._http.close()
@@ -82,16 +111,7 @@ class DecodebenchClient:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, API + path, **kwargs)
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ApiError(response.status_code, detail)
-        if response.status_code == 204 or not response.content:
-            return None
-        return response.json()
+        return _answer(self._http.request(method, API + path, **kwargs))
 
     # Users and CI
 
@@ -137,13 +157,8 @@ class DecodebenchClient:
     ) -> ClaimResponse:
         """``claim_key``: send the same one again when retrying a claim whose answer was lost;
         ``wait_seconds``: long poll, answered as soon as a run is claimable."""
-        body: dict[str, Any] = {"device_udid": device_udid}
-        if claim_key is not None:
-            body["claim_key"] = claim_key
-        if wait_seconds:
-            body["wait_seconds"] = wait_seconds
-        data = self._request("POST", "/agents/claim", json=body)
-        return ClaimResponse.model_validate(data)
+        body = _claim_body(device_udid, claim_key, wait_seconds)
+        return ClaimResponse.model_validate(self._request("POST", "/agents/claim", json=body))
 
     def renew_lease(self, run_id: int) -> LeaseRenewal:
         return LeaseRenewal.model_validate(self._request("POST", f"/runs/{run_id}/lease"))
@@ -270,6 +285,33 @@ class DecodebenchClient:
 
     def deliver_webhooks(self) -> DeliveryResult:
         return DeliveryResult.model_validate(self._request("POST", "/schedules/webhooks/deliver"))
+
+
+class AsyncClaims:
+    """Claims over asyncio (`DecodebenchClient.claims`); an async context manager. Connections
+    are not capped: each device holds at most one long poll."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+
+    async def __aenter__(self) -> AsyncClaims:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._http.aclose()
+
+    async def claim_run(
+        self, device_udid: str, claim_key: str | None = None, wait_seconds: int = 0
+    ) -> ClaimResponse:
+        """As `DecodebenchClient.claim_run`."""
+        body = _claim_body(device_udid, claim_key, wait_seconds)
+        response = await self._http.post(API + "/agents/claim", json=body)
+        return ClaimResponse.model_validate(_answer(response))
 
 
 def file_sha256(path: Path) -> str:
