@@ -3,10 +3,11 @@
 One asyncio task per device claims and executes that device's runs, all on one event loop (the
 "devices" thread): an idle device's long-poll claim (`--claim-wait`, answered by the server as
 soon as a run is claimable) is a request awaited by its task, so a thousand idle devices are a
-thousand sockets, not a thousand threads. What blocks — the driver's work on the phone, the
-health probe, the outbox's delivery — runs in a thread of a pool that grows with the runs in
-flight (one per device at most, and nothing shared between devices that one run would hold: the
-outbox, the artifact cache and the HTTP connections serve them concurrently). One thread
+thousand sockets, not a thousand threads. A run (the driver's work on the phone, its lease,
+its upload) takes a thread of a pool that grows with the runs in flight, one per busy device,
+and nothing shared between devices that one run would hold (the outbox, the artifact cache and
+the HTTP connections serve them concurrently); the short blocking calls between runs (health
+probes, outbox deliveries) share a few threads. One thread
 heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S; the calling
 thread supervises and handles SIGTERM/SIGINT. Each claim carries a key sent again with its
 retries, so a claim whose answer is lost gets the same run. On shutdown no new run is claimed
@@ -70,9 +71,12 @@ SUPERVISE_TICK_S = 0.2
 HEARTBEAT_MIN_GAP_S = 1.0
 # On shutdown, how long a device that is only waiting for work is waited for.
 IDLE_DEVICE_JOIN_S = 2.0
-# Threads for blocking device work: made only as runs in flight need them (one per busy device),
-# so the cap only has to exceed any host's device count.
-BLOCKING_THREADS_MAX = 4096
+# Threads for runs: made only as runs in flight need them (one per busy device, kept for the
+# next run), so the cap only has to exceed any host's device count.
+RUN_THREADS_MAX = 4096
+# Threads for the short blocking calls between runs (health probes, outbox deliveries, a run
+# given back), shared by every device.
+CALL_THREADS = 16
 
 
 @dataclass
@@ -113,7 +117,8 @@ class Agent:
         self._stopping: asyncio.Event | None = None
         self._claims: AsyncClaims | None = None
         self._loop_ready = threading.Event()
-        self._blocking_pool = ThreadPoolExecutor(BLOCKING_THREADS_MAX, thread_name_prefix="device")
+        self._run_threads = ThreadPoolExecutor(RUN_THREADS_MAX, thread_name_prefix="run")
+        self._call_threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="device-call")
 
     def request_stop(self, reason: str) -> None:
         if self.stop.is_set():
@@ -175,7 +180,8 @@ class Agent:
         self._supervise()
         heartbeat.join()
         serving.join()
-        self._blocking_pool.shutdown(wait=False)
+        self._run_threads.shutdown(wait=False)
+        self._call_threads.shutdown(wait=False)
         self._send_heartbeat(status=DeviceStatus.offline)
         log.info("agent stopped (%s)", self._stop_reason)
         return 0
@@ -224,9 +230,9 @@ class Agent:
             slot.task.add_done_callback(_log_failure)
 
     async def _blocking(self, function: Callable[..., _T], *args: object) -> _T:
-        """``function(*args)`` in a thread of the pool, awaited by the calling task."""
+        """``function(*args)``, a short blocking call, in a shared thread; awaited."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._blocking_pool, functools.partial(function, *args))
+        return await loop.run_in_executor(self._call_threads, functools.partial(function, *args))
 
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds``, or less when the agent stops."""
@@ -410,7 +416,10 @@ class Agent:
             # next regular heartbeat says so.
             self._touch()
             try:
-                outcome = await self._blocking(self.executor.execute, claim.run, info)
+                loop = asyncio.get_running_loop()
+                outcome = await loop.run_in_executor(
+                    self._run_threads, self.executor.execute, claim.run, info
+                )
                 self._learn(slot, outcome)
             except Exception:  # execute reports run failures itself; keep the device serving
                 log.exception("run %d: unexpected error outside the run", claim.run.run_id)

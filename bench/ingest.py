@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import sys
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.stack import Stack, scratch_database  # noqa: E402
-from scripts.standins import MINIMAL_ANALYSIS, build_report  # noqa: E402
+from scripts.standins import complete_builds  # noqa: E402
 
 DEVICE_CLASS = "iphone-17-pro"
 PROMPTS = 30  # the most a sweep asks for: one upload carries them all
@@ -71,27 +70,6 @@ def udid(index: int) -> str:
     return f"BENCH-{index:04d}"
 
 
-def complete_builds(client: httpx.Client, builds: list[dict], worker: str) -> None:
-    """Act as a build worker: start, upload a (stand-in) artifact, report a minimal analysis."""
-    headers = bearer(worker)
-    for build in builds:
-        started = client.post(
-            f"/api/v1/builds/{build['id']}/start", json={"worker": "bench"}, headers=headers
-        ).json()
-        if not started["proceed"]:
-            continue
-        payload = build["key"].encode()
-        sha256 = hashlib.sha256(payload).hexdigest()
-        client.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers)
-        report = build_report(build, MINIMAL_ANALYSIS)
-        done = client.post(
-            f"/api/v1/builds/{build['id']}/complete",
-            json={"lease": started["lease"], "artifact_sha256": sha256, "report": report},
-            headers=headers,
-        )
-        done.raise_for_status()
-
-
 def prepare(stack: Stack, runs_needed: int, devices: int) -> None:
     with httpx.Client(base_url=stack.server_url, timeout=60) as client:
         user, worker = stack.tokens["user"], stack.tokens["worker"]
@@ -99,7 +77,7 @@ def prepare(stack: Stack, runs_needed: int, devices: int) -> None:
             sweep = client.post("/api/v1/sweeps", json=SPEC, headers=bearer(user))
             sweep.raise_for_status()
             if index == 0:  # later sweeps share these builds (same keys)
-                complete_builds(client, sweep.json()["builds"], worker)
+                complete_builds(client, sweep.json()["builds"], worker, bytes_per_token=1)
         inventory = [
             {"udid": udid(i), "device_class": DEVICE_CLASS, "product_type": "iPhone18,1",
              "driver": "simulated", "simulated": True}

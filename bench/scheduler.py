@@ -30,7 +30,6 @@ process, its other databases' work included) and `machine_cpu_percent` (all of i
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
@@ -40,9 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from datetime import UTC, datetime
-from hashlib import sha256
 from pathlib import Path
 
 import httpx
@@ -53,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.stack import Stack  # noqa: E402
-from scripts.standins import build_report, full_analysis  # noqa: E402
+from scripts.standins import complete_builds, time_scale_for  # noqa: E402
 
 DEVICE_CLASS = "iphone-17-pro"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -74,49 +71,6 @@ def spec(variants: list[dict], repetitions: int) -> dict:
 
 BULK_VARIANTS = [{"attention": a, "context": c} for a in ("folded", "repeat_kv") for c in CONTEXTS]
 PICKUP_VARIANTS = [{"attention": "folded", "context": 1024}]
-
-
-def time_scale_for(run_seconds: float) -> float:
-    """The --time-scale at which one bench run sleeps about ``run_seconds``."""
-    from agent.drivers.simulated import SimulatedDevice, simulate_run, simulated_duration_s
-    from agent.runner import build_job
-    from decodebench.contracts.domain import VariantSpec
-    from decodebench.contracts.protocol import RunAssignment
-
-    assignment = RunAssignment(
-        run_id=1, sweep_id=1, build_id=1, model="tiny-gqa",
-        variant=VariantSpec.model_validate({"attention": "folded", "context": 512}),
-        variant_label="v",
-        device_class=DEVICE_CLASS, prompts=PROMPTS, decode_tokens=DECODE_TOKENS,
-        artifact_sha256="0" * 64, artifact_url="", bytes_per_token=BYTES_PER_TOKEN,
-        lease_expires_at="", lease_seconds=120,
-    )  # fmt: skip
-    device = SimulatedDevice(udid="SIM-PROBE", device_class=DEVICE_CLASS)
-    result = simulate_run(build_job(assignment), device, package_bytes=200)
-    return run_seconds / simulated_duration_s(result)
-
-
-def package() -> tuple[bytes, str]:
-    packed = io.BytesIO()
-    with zipfile.ZipFile(packed, "w") as archive:
-        archive.writestr("model.mlpackage/Manifest.json", json.dumps({"itemInfoEntries": {}}))
-    return packed.getvalue(), sha256(packed.getvalue()).hexdigest()
-
-
-def complete_builds(client: httpx.Client, builds: list[dict], worker: str) -> None:
-    payload, digest = package()
-    for build in builds:
-        started = client.post(f"/api/v1/builds/{build['id']}/start", json={"worker": "bench"},
-                              headers=bearer(worker)).json()  # fmt: skip
-        if not started.get("proceed"):
-            continue
-        client.put(f"/api/v1/artifacts/{digest}", content=payload, headers=bearer(worker))
-        report = build_report(build, full_analysis({"bytes_per_token": {"total": BYTES_PER_TOKEN}}))
-        client.post(
-            f"/api/v1/builds/{build['id']}/complete",
-            json={"lease": started["lease"], "artifact_sha256": digest, "report": report},
-            headers=bearer(worker),
-        ).raise_for_status()
 
 
 class Cpu:
@@ -206,7 +160,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
         with httpx.Client(base_url=stack.server_url, timeout=120) as client:
             first = client.post("/api/v1/sweeps", json=spec(PICKUP_VARIANTS, 1),
                                 headers=bearer(user)).json()  # fmt: skip
-            complete_builds(client, first["builds"], worker)
+            complete_builds(client, first["builds"], worker, BYTES_PER_TOKEN)
             pickups = []
             for _ in range(args.pickups):
                 time.sleep(0.5)
@@ -234,7 +188,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
             agent_before, postgres_before = agent_cpu.seconds(), postgres_cpu.seconds()
             t0 = datetime.now(UTC)
             wall_t0 = time.time()
-            complete_builds(client, bulk_builds, worker)
+            complete_builds(client, bulk_builds, worker, BYTES_PER_TOKEN)
         queued = "SELECT count(*) FROM runs WHERE state IN ('queued', 'waiting_build')"
         limit = time.monotonic() + args.busy_seconds * 4 + 120
         while sql(url, queued)[0][0] > 0:
@@ -340,7 +294,7 @@ def main() -> int:
     parser.add_argument("--redis-url", default=os.environ.get("DECODEBENCH_BENCH_REDIS_URL",
                         "redis://127.0.0.1:6379/11"))  # fmt: skip
     args = parser.parse_args()
-    scale = time_scale_for(args.run_seconds)
+    scale = time_scale_for(args.run_seconds, DEVICE_CLASS, PROMPTS, DECODE_TOKENS, BYTES_PER_TOKEN)
     figures = {}
     for size in (int(text) for text in args.sizes.split(",")):
         var_dir = Path(tempfile.mkdtemp(prefix=f"bench-scheduler-{size}-"))

@@ -1,9 +1,16 @@
 """What a build worker reports, for the tests and benchmarks that play one over HTTP: a complete
-build.json around whatever analysis figures they need."""
+build.json around whatever analysis figures they need, an artifact a simulated agent accepts,
+and the builds completed with both."""
 
 from __future__ import annotations
 
+import io
+import json
+import zipfile
+from hashlib import sha256
 from typing import Any
+
+import httpx
 
 MINIMAL_ANALYSIS: dict[str, Any] = {
     "functions": ["main"], "decode_function": "main", "ops_total": 1, "non_const_ops": 1,
@@ -35,3 +42,60 @@ def build_report(build: dict[str, Any], analysis: dict[str, Any]) -> dict[str, A
         "package": "model.mlpackage",
         "analysis": analysis,
     }
+
+
+def package() -> tuple[bytes, str]:
+    """The smallest artifact a simulated device installs (a zipped package with a manifest),
+    and its SHA-256."""
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        archive.writestr("model.mlpackage/Manifest.json", json.dumps({"itemInfoEntries": {}}))
+    return packed.getvalue(), sha256(packed.getvalue()).hexdigest()
+
+
+def complete_builds(
+    client: httpx.Client, builds: list[dict], worker_token: str, bytes_per_token: int
+) -> None:
+    """Act as the worker of ``builds``: start each (one already taken is left alone), upload
+    `package()`, report an analysis that moves ``bytes_per_token``. Retries a 503."""
+    payload, digest = package()
+    headers = {"Authorization": f"Bearer {worker_token}"}
+
+    def post(path: str, body: dict) -> httpx.Response:
+        for _ in range(10):
+            answer = client.post(path, json=body, headers=headers)
+            if answer.status_code != 503:
+                break
+        return answer.raise_for_status()
+
+    for build in builds:
+        started = post(f"/api/v1/builds/{build['id']}/start", {"worker": "standin"}).json()
+        if not started.get("proceed"):
+            continue
+        client.put(f"/api/v1/artifacts/{digest}", content=payload, headers=headers)
+        report = build_report(build, full_analysis({"bytes_per_token": {"total": bytes_per_token}}))
+        post(
+            f"/api/v1/builds/{build['id']}/complete",
+            {"lease": started["lease"], "artifact_sha256": digest, "report": report},
+        )
+
+
+def time_scale_for(
+    run_seconds: float, device_class: str, prompts: int, decode_tokens: int, bytes_per_token: int
+) -> float:
+    """The agent's --time-scale at which one such simulated run sleeps about ``run_seconds``."""
+    from agent.drivers.simulated import SimulatedDevice, simulate_run, simulated_duration_s
+    from agent.runner import build_job
+    from decodebench.contracts.domain import VariantSpec
+    from decodebench.contracts.protocol import RunAssignment
+
+    assignment = RunAssignment(
+        run_id=1, sweep_id=1, build_id=1, model="tiny-gqa",
+        variant=VariantSpec.model_validate({"attention": "folded", "context": 512}),
+        variant_label="v", device_class=device_class, prompts=prompts,
+        decode_tokens=decode_tokens, artifact_sha256="0" * 64, artifact_url="",
+        bytes_per_token=bytes_per_token, lease_expires_at="", lease_seconds=120,
+    )  # fmt: skip
+    device = SimulatedDevice(udid="SIM-PROBE", device_class=device_class)
+    result = simulate_run(build_job(assignment), device, package_bytes=200)
+    return run_seconds / simulated_duration_s(result)

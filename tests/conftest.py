@@ -109,6 +109,17 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def query(sql: str, **params) -> list:
+    """Rows of ``sql`` on the test database, as tuples (nothing for a statement without rows)."""
+    from sqlalchemy import text
+
+    from server.db import get_engine
+
+    with get_engine().begin() as connection:
+        result = connection.execute(text(sql), params)
+        return [tuple(row) for row in result] if result.returns_rows else []
+
+
 def table_counts() -> dict[str, int]:
     from sqlalchemy import text
 

@@ -8,9 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from sqlalchemy import text
 
-from tests.conftest import bearer
+from tests.conftest import bearer, query
 from tests.test_run_lifecycle import DEVICE, SWEEP, finish_builds
 
 CLASS = DEVICE["device_class"]
@@ -43,14 +42,6 @@ def claim(client, agent_token: str, udid: str, **extra) -> dict | None:
     )
     assert response.status_code == 200, response.text
     return response.json()["run"]
-
-
-def query(sql: str, **params) -> list:
-    from server.db import get_engine
-
-    with get_engine().begin() as connection:
-        result = connection.execute(text(sql), params)
-        return [tuple(row) for row in result] if result.returns_rows else []
 
 
 # Fair share and priorities
