@@ -115,7 +115,6 @@ class Agent:
         # The devices' event loop, once it runs (see _serve_devices).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
-        self._claims: AsyncClaims | None = None
         self._loop_ready = threading.Event()
         self._run_threads = ThreadPoolExecutor(RUN_THREADS_MAX, thread_name_prefix="run")
         self._call_threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="device-call")
@@ -201,24 +200,22 @@ class Agent:
         self._stopping = asyncio.Event()
         if self.stop.is_set():
             self._stopping.set()
-        async with self.client.claims() as claims:
-            self._claims = claims
-            with self._lock:
-                slots = list(self._slots.values())
-            for slot in slots:
-                self._ensure_device_task(slot)
-            self._loop_ready.set()
-            await self._stopping.wait()
-            with self._lock:
-                tasks = [(s.task, s.current_run) for s in self._slots.values() if s.task]
-            # A run in flight finishes or fails; a long-poll claim is not waited out.
-            busy = [task for task, run in tasks if run is not None]
-            idle = [task for task, run in tasks if run is None]
-            if idle:
-                _, pending = await asyncio.wait(idle, timeout=IDLE_DEVICE_JOIN_S)
-                for task in pending:
-                    task.cancel()
-            await asyncio.gather(*busy, *idle, return_exceptions=True)
+        with self._lock:
+            slots = list(self._slots.values())
+        for slot in slots:
+            self._ensure_device_task(slot)
+        self._loop_ready.set()
+        await self._stopping.wait()
+        with self._lock:
+            tasks = [(s.task, s.current_run) for s in self._slots.values() if s.task]
+        # A run in flight finishes or fails; a long-poll claim is not waited out.
+        busy = [task for task, run in tasks if run is not None]
+        idle = [task for task, run in tasks if run is None]
+        if idle:
+            _, pending = await asyncio.wait(idle, timeout=IDLE_DEVICE_JOIN_S)
+            for task in pending:
+                task.cancel()
+        await asyncio.gather(*busy, *idle, return_exceptions=True)
         self._loop = None
 
     def _ensure_device_task(self, slot: DeviceSlot) -> None:
@@ -383,6 +380,10 @@ class Agent:
         return gated
 
     async def _device_loop(self, slot: DeviceSlot) -> None:
+        async with self.client.claims() as claims:  # this device's connection for claims
+            await self._serve_device(slot, claims)
+
+    async def _serve_device(self, slot: DeviceSlot, claims: AsyncClaims) -> None:
         udid = slot.info.udid
         while not self.stop.is_set() and slot.connected:
             info = await self._blocking(self._check_health, slot)
@@ -397,7 +398,7 @@ class Agent:
             if not await self._blocking(outbox.deliver, self.client.upload_results, self.stop):
                 break
             long_poll_s = 0 if self.settings.once else self.settings.claim_wait_s
-            claim = await self._claim(udid, long_poll_s)
+            claim = await self._claim(claims, udid, long_poll_s)
             if claim is None:
                 break  # stopping
             if claim.run is None:
@@ -433,16 +434,15 @@ class Agent:
             "stopping" if self.stop.is_set() else "disconnected",
         )
 
-    async def _claim(self, udid: str, wait_s: int) -> ClaimResponse | None:
+    async def _claim(self, claims: AsyncClaims, udid: str, wait_s: int) -> ClaimResponse | None:
         """A claim, retried with the same key while its answer does not arrive (so a claim the
         server granted is not orphaned); None once stopping."""
-        assert self._claims is not None
         key = uuid.uuid4().hex
         failures = 0
         while not self.stop.is_set():
             sent_at, started = time.time(), time.monotonic()
             try:
-                claim = await self._claims.claim_run(udid, claim_key=key, wait_seconds=wait_s)
+                claim = await claims.claim_run(udid, claim_key=key, wait_seconds=wait_s)
                 if claim.run is not None:  # bench/scheduler.py reads this line
                     log.info(
                         "run %d: claim answered in %.1f ms, sent at %.3f",
@@ -513,9 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with DecodebenchClient(
         settings.server_url,
         settings.api_token,
-        # A long poll may last claim_wait_s; every device may hold one besides its run's calls.
+        # A long poll (on the device's own claims client, which takes this timeout too) may
+        # last claim_wait_s; a run's upload and lease renewal may overlap, for every device.
         timeout=max(30.0, settings.claim_wait_s + 15.0),
-        max_connections=max(100, 3 * devices + 8),
+        max_connections=max(100, 2 * devices + 8),
     ) as client:
         agent = Agent(settings, client, driver)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,7 @@ class DecodebenchClient:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = timeout
+        self._tls: ssl.SSLContext | None = None
         self._http = httpx.Client(
             base_url=self.base_url,
             headers=self._headers,
@@ -97,9 +99,14 @@ class DecodebenchClient:
         )
 
     def claims(self) -> AsyncClaims:
-        """An asyncio client for claims, on the same server and token: an agent's idle devices
-        each hold a long poll there, as tasks of one event loop rather than a thread each."""
-        return AsyncClaims(self.base_url, self._headers, self._timeout)
+        """An asyncio client for one device's claims, on the same server and token: an agent's
+        idle devices each hold a long poll, as tasks of one event loop rather than a thread each.
+        One client per device: a pool shared by hundreds of long polls spent most of the agent's
+        CPU matching requests to connections. They share one TLS context (loading the CA
+        certificates for each would cost more than the client)."""
+        if self._tls is None:
+            self._tls = httpx.create_ssl_context()
+        return AsyncClaims(self.base_url, self._headers, self._timeout, self._tls)
 
     def close(self) -> None:
         self._http.close()
@@ -288,15 +295,18 @@ class DecodebenchClient:
 
 
 class AsyncClaims:
-    """Claims over asyncio (`DecodebenchClient.claims`); an async context manager. Connections
-    are not capped: each device holds at most one long poll."""
+    """One device's claims over asyncio (`DecodebenchClient.claims`); an async context manager.
+    A device holds at most one claim at a time, so one connection is kept."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
+    def __init__(
+        self, base_url: str, headers: dict[str, str], timeout: float, tls: ssl.SSLContext
+    ) -> None:
         self._http = httpx.AsyncClient(
             base_url=base_url,
             headers=headers,
             timeout=timeout,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            verify=tls,
+            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
         )
 
     async def __aenter__(self) -> AsyncClaims:

@@ -223,6 +223,7 @@ class SimulatedDriver:
         }
         self._lock = threading.Lock()
         self._assigned: dict[int, tuple[DeviceProfile | None, int]] = {}
+        self._infos: dict[str, DeviceInfo] = {}
 
     def assign(self, device: DeviceInfo, assignment: RunAssignment) -> None:
         """Keep what the server sent with the run for its timing: the device class's current
@@ -235,18 +236,24 @@ class SimulatedDriver:
             )
 
     def discover(self) -> list[DeviceInfo]:
-        return [
-            DeviceInfo(
-                udid=state.device.udid,
-                device_class=state.device.device_class,
-                product_type=get_profile(state.device.device_class).product_types[0],
-                os_version=DRIVER_NAME,
-                driver=DRIVER_NAME,
-                simulated=True,
-                thermal_state=state.device.thermal_state,
-            )
-            for state in self._states.values()
-        ]
+        # The agent lists devices five times a second; a farm of simulated ones would spend a
+        # good part of its CPU making the same models again, so each is made once per state.
+        found = []
+        for state in self._states.values():
+            device = state.device
+            known = self._infos.get(device.udid)
+            if known is None or known.thermal_state != device.thermal_state:
+                known = self._infos[device.udid] = DeviceInfo(
+                    udid=device.udid,
+                    device_class=device.device_class,
+                    product_type=get_profile(device.device_class).product_types[0],
+                    os_version=DRIVER_NAME,
+                    driver=DRIVER_NAME,
+                    simulated=True,
+                    thermal_state=device.thermal_state,
+                )
+            found.append(known)
+        return found
 
     def health(self, device: DeviceInfo) -> DeviceInfo:
         self._state(device)
