@@ -46,6 +46,10 @@ _LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])
 _LIST_OF_DEVICES = TypeAdapter(list[DeviceView])
 _LIST_OF_SCHEDULES = TypeAdapter(list[ScheduleView])
 _LIST_OF_MODELS = TypeAdapter(list[ModelView])
+# How long an idle connection is kept for the next request: longer than a typical run (httpx's
+# 5 s default made every claim and upload after a 5 s run open a new connection), shorter than
+# the server's keep-alive (30 s, server/serving.py), so it is never closed under a request.
+KEEPALIVE_S = 20.0
 
 
 class ApiError(Exception):
@@ -94,7 +98,9 @@ class DecodebenchClient:
             headers=self._headers,
             timeout=timeout,
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=KEEPALIVE_S,
             ),
         )
 
@@ -306,7 +312,9 @@ class AsyncClaims:
             headers=headers,
             timeout=timeout,
             verify=tls,
-            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
+            limits=httpx.Limits(
+                max_connections=2, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_S
+            ),
         )
 
     async def __aenter__(self) -> AsyncClaims:
