@@ -7,12 +7,12 @@ thousand sockets, not a thousand threads. A run (the driver's work on the phone,
 its upload) takes a thread of a pool that grows with the runs in flight, one per busy device,
 and nothing shared between devices that one run would hold (the outbox, the artifact cache and
 the HTTP connections serve them concurrently); the short blocking calls between runs (health
-probes, outbox deliveries) share a few threads. One thread
-heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S; the calling
-thread supervises and handles SIGTERM/SIGINT. Each claim carries a key sent again with its
-retries, so a claim whose answer is lost gets the same run. On shutdown no new run is claimed
-(one a long poll brings back is given back at once) and a run in flight either finishes or
-fails with "agent shutting down".
+probes, outbox deliveries) share a few threads. Each device claims over a connection of its
+own (`DecodebenchClient.claims`). One thread heartbeats the whole inventory in one request, at
+most every HEARTBEAT_MIN_GAP_S; the calling thread supervises and handles SIGTERM/SIGINT. Each
+claim carries a key sent again with its retries, so a claim whose answer is lost gets the same
+run. On shutdown no new run is claimed (one a long poll brings back is given back at once) and
+a run in flight either finishes or fails with "agent shutting down".
 """
 
 from __future__ import annotations
