@@ -57,6 +57,7 @@ ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BYTES_PER_TOKEN = 50_000_000
 PROMPTS, DECODE_TOKENS = 2, 8  # small uploads: the scheduling is measured, not the ingest
 CONTEXTS = (128, 192, 256, 320, 384, 448, 512, 576)
+STALL_S = 60.0  # this long without a claim while runs are queued: a stall
 CLAIM_LINE = re.compile(r"claim answered in ([0-9.]+) ms, sent at ([0-9.]+)")
 
 
@@ -190,10 +191,16 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
             wall_t0 = time.time()
             complete_builds(client, bulk_builds, worker, BYTES_PER_TOKEN)
         queued = "SELECT count(*) FROM runs WHERE state IN ('queued', 'waiting_build')"
-        limit = time.monotonic() + args.busy_seconds * 4 + 120
+        # However long a saturated machine takes, the queue is waited out while it moves; a minute
+        # without any run claimed is a stall, and ends the window with the runs left queued.
+        claimed = "SELECT count(*) FROM runs WHERE started_at IS NOT NULL"
+        progress, moved_at = -1, time.monotonic()
         while sql(url, queued)[0][0] > 0:
             stack.check_alive()
-            if time.monotonic() > limit:
+            now_claimed = sql(url, claimed)[0][0]
+            if now_claimed != progress:
+                progress, moved_at = now_claimed, time.monotonic()
+            elif time.monotonic() - moved_at > STALL_S:
                 break  # reported as a stall: runs left queued
             time.sleep(0.5)
         t1 = datetime.now(UTC)
