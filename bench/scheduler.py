@@ -14,7 +14,8 @@ agent processes as it needs (`--devices-per-agent`, each `python -m agent --simu
    database; `created_at` is its transaction's start, so this over-states the latency a little);
 3. busy: enough runs for `--busy-seconds` of every device's time are submitted waiting for
    their build, then the build completes and makes them claimable at once (t0); t1 is when
-   the last of them is claimed. `utilisation` is the devices' run time (each run's started_at
+   the last of them is claimed, or a minute has passed without any claim (a stall: the runs
+   still queued count as errors). `utilisation` is the devices' run time (each run's started_at
    to finished_at, clipped to [t0, t1]) ÷ (devices × (t1 − t0)); `runs_per_s` the runs
    finished in the window ÷ its length; `claim_p99_ms` the agents' claim round trips sent in
    the window (they log each one); `server_cpu_ms_per_run` the server processes' CPU in the
