@@ -86,7 +86,12 @@ async def _claim(body: ClaimRequest, request: Request) -> ClaimResponse:
     try:
         while True:
             mark = wakeups.received
-            assignment, device_class = await _look(request, body, deadline - loop.time())
+            try:
+                assignment, device_class = await _look(request, body, deadline - loop.time())
+            except ServerBusy:
+                # It waited its turn to the end of its long poll (a look is never refused
+                # sooner): answered as any long poll at its deadline, and claimed again at once.
+                return ClaimResponse(run=None)
             remaining_s = deadline - loop.time()
             if assignment is not None or remaining_s <= 0 or gone.done():
                 return ClaimResponse(run=assignment)

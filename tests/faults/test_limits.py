@@ -10,6 +10,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from decodebench.contracts.protocol import ClaimRequest
 from scripts.stack import Stack
 from server.db import get_engine
 from tests.conftest import bearer
@@ -178,3 +179,28 @@ def test_a_storm_of_claims_leaves_slots_for_every_other_request(monkeypatch) -> 
     assert most == 3  # claims never held the last slot
     assert queued == 50  # they waited for their share beyond the pool timeout, not 503
     assert other_waited < 0.2
+
+
+def test_a_long_poll_that_waits_out_its_turn_is_answered_empty_not_503(monkeypatch) -> None:
+    """Past its deadline in the admission queue, a long poll ends as any long poll does (no run;
+    the agent claims again at once); a plain claim that finds no slot is still a 503."""
+    from server.agents import endpoints
+    from server.limits import ServerBusy
+
+    looked: list[float] = []
+
+    async def saturated(request, body, wait_s: float):
+        looked.append(wait_s)
+        raise ServerBusy
+
+    class Request:  # what the long poll reads of it: the client going away (it never does)
+        async def receive(self) -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+    monkeypatch.setattr(endpoints, "_look", saturated)
+    long_poll = ClaimRequest(device_udid="SIM-1", wait_seconds=30)
+    answer = asyncio.run(endpoints.claim(long_poll, Request()))
+    assert answer.run is None and 29 < looked[0] <= 30  # it could wait its whole long poll
+    plain = asyncio.run(endpoints.claim(ClaimRequest(device_udid="SIM-1"), Request()))
+    assert plain.status_code == 503 and plain.headers["retry-after"]
