@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.stack import Stack  # noqa: E402
-from scripts.standins import complete_builds, time_scale_for  # noqa: E402
+from scripts.standins import complete_builds, moving, time_scale_for  # noqa: E402
 
 DEVICE_CLASS = "iphone-17-pro"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -162,7 +162,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
         with httpx.Client(base_url=stack.server_url, timeout=120) as client:
             first = client.post("/api/v1/sweeps", json=spec(PICKUP_VARIANTS, 1),
                                 headers=bearer(user)).json()  # fmt: skip
-            complete_builds(client, first["builds"], worker, BYTES_PER_TOKEN)
+            complete_builds(client, first["builds"], worker, moving(BYTES_PER_TOKEN))
             pickups = []
             for _ in range(args.pickups):
                 time.sleep(0.5)
@@ -190,7 +190,7 @@ def run_size(devices: int, args: argparse.Namespace, scale: float, var_dir: Path
             agent_before, postgres_before = agent_cpu.seconds(), postgres_cpu.seconds()
             t0 = datetime.now(UTC)
             wall_t0 = time.time()
-            complete_builds(client, bulk_builds, worker, BYTES_PER_TOKEN)
+            complete_builds(client, bulk_builds, worker, moving(BYTES_PER_TOKEN))
         queued = "SELECT count(*) FROM runs WHERE state IN ('queued', 'waiting_build')"
         # However long a saturated machine takes, the queue is waited out while it moves; a minute
         # without any run claimed is a stall, and ends the window with the runs left queued.

@@ -16,7 +16,6 @@ as many runs and prompt rows as the page would have to show.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import statistics
 import sys
@@ -47,28 +46,6 @@ def recreate_database() -> str:
         connection.execute(f'DROP DATABASE IF EXISTS "{SCRATCH}" WITH (FORCE)')
         connection.execute(f'CREATE DATABASE "{SCRATCH}"')
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{SCRATCH}"
-
-
-def complete_builds(client, builds: list[dict], worker: dict) -> None:
-    from scripts.standins import build_report
-
-    for build in builds:
-        started = client.post(
-            f"/api/v1/builds/{build['id']}/start", json={"worker": "w"}, headers=worker
-        )
-        if not started.json()["proceed"]:
-            continue  # an earlier sweep built it (same key)
-        lease = started.json()["lease"]
-        payload = build["key"].encode()
-        sha256 = hashlib.sha256(payload).hexdigest()
-        client.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=worker)
-        report = build_report(build, ANALYSIS)
-        done = client.post(
-            f"/api/v1/builds/{build['id']}/complete",
-            json={"lease": lease, "artifact_sha256": sha256, "report": report},
-            headers=worker,
-        )
-        assert done.status_code == 200, done.text
 
 
 def run_all(client, devices: list[dict], agent: dict, prompts: int) -> None:
@@ -144,12 +121,13 @@ def main() -> None:
     from fastapi.testclient import TestClient
 
     from decodebench.profiles import DEVICE_PROFILES
+    from scripts.standins import complete_builds
     from server.app import app
     from server.manage import create_token_command, migrate
 
     migrate()
     user_plain = create_token_command("user", "bench", None)
-    worker = {"Authorization": f"Bearer {create_token_command('worker', 'w', None)}"}
+    worker = create_token_command("worker", "w", None)
     agent = {"Authorization": f"Bearer {create_token_command('agent', 'a', None)}"}
     user = {"Authorization": f"Bearer {user_plain}"}
     classes = list(DEVICE_PROFILES)
@@ -170,7 +148,7 @@ def main() -> None:
         ][: args.variants]
         big = {"model": "tiny-gqa", "variants": variants, "devices": classes, "prompts": 30}
         sweep = client.post("/api/v1/sweeps", json=big, headers=user).json()
-        complete_builds(client, sweep["builds"], worker)
+        complete_builds(client, sweep["builds"], worker, ANALYSIS)
         run_all(client, devices, agent, prompts=30)
         small = {
             "model": "tiny-gqa",

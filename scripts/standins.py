@@ -54,10 +54,13 @@ def package() -> tuple[bytes, str]:
 
 
 def complete_builds(
-    client: httpx.Client, builds: list[dict], worker_token: str, bytes_per_token: int
+    client: httpx.Client,
+    builds: list[dict],
+    worker_token: str,
+    analysis: dict[str, Any] = MINIMAL_ANALYSIS,
 ) -> None:
-    """Act as the worker of ``builds``: start each (one already taken is left alone), upload
-    `package()`, report an analysis that moves ``bytes_per_token``. Retries a 503."""
+    """Act as the worker of ``builds`` (any httpx client, FastAPI's TestClient too): start each
+    (one already taken is left alone), upload `package()`, report ``analysis``. Retries a 503."""
     payload, digest = package()
     headers = {"Authorization": f"Bearer {worker_token}"}
 
@@ -73,11 +76,16 @@ def complete_builds(
         if not started.get("proceed"):
             continue
         client.put(f"/api/v1/artifacts/{digest}", content=payload, headers=headers)
-        report = build_report(build, full_analysis({"bytes_per_token": {"total": bytes_per_token}}))
+        report = build_report(build, analysis)
         post(
             f"/api/v1/builds/{build['id']}/complete",
             {"lease": started["lease"], "artifact_sha256": digest, "report": report},
         )
+
+
+def moving(bytes_per_token: int) -> dict[str, Any]:
+    """An analysis whose decode moves ``bytes_per_token`` (what a simulated run is timed by)."""
+    return full_analysis({"bytes_per_token": {"total": bytes_per_token}})
 
 
 def time_scale_for(

@@ -12,7 +12,7 @@ import psutil
 
 from agent.main import CALL_THREADS
 from scripts.stack import Stack
-from scripts.standins import complete_builds, time_scale_for
+from scripts.standins import complete_builds, moving, time_scale_for
 from tests.conftest import bearer, query
 
 DEVICES = 40
@@ -58,7 +58,9 @@ def test_forty_idle_devices_hold_no_thread_each_and_busy_ones_run_together(stack
     with httpx.Client(base_url=stack.server_url, timeout=60) as client:
         sweep = client.post("/api/v1/sweeps", json=SWEEP, headers=bearer(stack.tokens["user"]))
         assert sweep.status_code == 201, sweep.text
-        complete_builds(client, sweep.json()["builds"], stack.tokens["worker"], BYTES_PER_TOKEN)
+        complete_builds(
+            client, sweep.json()["builds"], stack.tokens["worker"], moving(BYTES_PER_TOKEN)
+        )
     sweep_id = sweep.json()["id"]
     state = f"SELECT state FROM sweeps WHERE id = {sweep_id}"
     wait_for(lambda: query(state)[0][0] in ("completed", "failed"), 120, stack, "the sweep")
