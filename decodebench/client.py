@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import ssl
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,10 @@ from decodebench.contracts.protocol import (
     BuildProgress,
     BuildStart,
     ClaimResponse,
+    ClaimsResponse,
     DeviceInfo,
     LeaseRenewal,
+    ResultsBatchStored,
     RunResult,
 )
 from decodebench.contracts.schedules import (
@@ -179,6 +182,18 @@ class DecodebenchClient:
     def upload_results(self, run_id: int, result: RunResult) -> ResultsStored:
         data = self._request("POST", f"/runs/{run_id}/results", json=result.model_dump(mode="json"))
         return ResultsStored.model_validate(data)
+
+    def upload_many(self, uploads: Sequence[str]) -> ResultsBatchStored:
+        """Several runs' results in one request; each of ``uploads`` is one run's upload as a
+        JSON document, ``{"run_id": …, "result": {…}}`` (an agent's outbox entry as stored)."""
+        content = '{"uploads":[' + ",".join(uploads) + "]}"
+        data = self._request(
+            "POST",
+            "/agents/results",
+            content=content.encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        return ResultsBatchStored.model_validate(data)
 
     def fail_run(self, run_id: int, reason: str, retryable: bool = True) -> None:
         self._request(
@@ -330,6 +345,20 @@ class AsyncClaims:
         body = _claim_body(device_udid, claim_key, wait_seconds)
         response = await self._http.post(API + "/agents/claim", json=body)
         return ClaimResponse.model_validate(_answer(response))
+
+    async def claim_runs(
+        self, claims: Sequence[tuple[str, str]], wait_seconds: int = 0
+    ) -> ClaimsResponse:
+        """Claims for several devices, (device, claim key) pairs, in one request: the runs
+        given (one per device that got one). With ``wait_seconds``, a long poll answered once
+        one of them gets a run."""
+        body: dict[str, Any] = {
+            "claims": [{"device_udid": udid, "claim_key": key} for udid, key in claims]
+        }
+        if wait_seconds:
+            body["wait_seconds"] = wait_seconds
+        response = await self._http.post(API + "/agents/claims", json=body)
+        return ClaimsResponse.model_validate(_answer(response))
 
 
 def file_sha256(path: Path) -> str:

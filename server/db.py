@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from functools import lru_cache
 
 from sqlalchemy import Engine, create_engine, event
@@ -12,6 +12,7 @@ from server.config import get_settings
 
 AFTER_COMMIT_KEY = "after_commit"
 FOLLOW_UP_KEY = "follow_up"
+FOLLOW_UP_ONCE_KEY = "follow_up_once"
 
 
 @lru_cache
@@ -39,11 +40,20 @@ def run_after_commit(session: Session, callback: Callable[[], None]) -> None:
     session.info.setdefault(AFTER_COMMIT_KEY, []).append(callback)
 
 
-def follow_up_after_commit(session: Session, work: Callable[[Session], None]) -> None:
-    """Run ``work`` in a second transaction on the same session once this one is committed.
+def follow_up_after_commit(
+    session: Session, work: Callable[[Session], None], once: Hashable | None = None
+) -> None:
+    """Run ``work`` in a second transaction on the same session once this one is committed;
+    with ``once``, only the first follow-up of that key this transaction asks for (a batch of
+    runs of one sweep settles the sweep once).
 
     For bookkeeping that must see every concurrent writer's committed rows (is this the last
     run of its sweep?) without making them all queue on one row lock."""
+    if once is not None:
+        keys = session.info.setdefault(FOLLOW_UP_ONCE_KEY, set())
+        if once in keys:
+            return
+        keys.add(once)
     session.info.setdefault(FOLLOW_UP_KEY, []).append(work)
 
 
@@ -58,11 +68,13 @@ def _run_deferred(session: Session) -> None:
 def _drop_deferred(session: Session) -> None:
     session.info.pop(AFTER_COMMIT_KEY, None)
     session.info.pop(FOLLOW_UP_KEY, None)
+    session.info.pop(FOLLOW_UP_ONCE_KEY, None)
 
 
 def commit_with_follow_ups(session: Session) -> None:
     session.commit()
     while follow_ups := session.info.pop(FOLLOW_UP_KEY, []):
+        session.info.pop(FOLLOW_UP_ONCE_KEY, None)
         for work in follow_ups:
             work(session)
         session.commit()

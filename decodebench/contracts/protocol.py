@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, mode
 from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.names import DeviceStatus, Driver
+from decodebench.contracts.names import DeviceStatus, Driver, RunState
 from decodebench.profiles import DeviceProfile
 
 PROTOCOL_VERSION = 1
@@ -156,6 +156,60 @@ class ClaimResponse(Contract):
     run: RunAssignment | None = None
 
 
+# One request claims for at most this many devices (an agent with more sends several).
+MAX_BATCH_DEVICES = 1000
+
+
+class DeviceClaim(Incoming):
+    """One device's part of a batched claim."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device_udid: str = Field(min_length=1, max_length=128)
+    claim_key: str = Field(
+        pattern=CLAIM_KEY_PATTERN,
+        description="As in a single claim, and required here: sent again with every retry of "
+        "this device's claim, it gets the same run back",
+    )
+
+
+class ClaimsRequest(Incoming):
+    """Claims for several devices of one agent in one request (`POST /agents/claims`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    claims: list[DeviceClaim] = Field(min_length=1, max_length=MAX_BATCH_DEVICES)
+    wait_seconds: StrictInt = Field(
+        default=0,
+        ge=0,
+        le=MAX_CLAIM_WAIT_S,
+        description="Long poll: when none of the devices can take a run, hold the request up to "
+        "this long and answer as soon as one of them can",
+    )
+
+    @model_validator(mode="after")
+    def _one_claim_per_device(self) -> ClaimsRequest:
+        seen: set[str] = set()
+        for index, claim in enumerate(self.claims):
+            if claim.device_udid in seen:
+                raise ValueError(
+                    f"claims.{index}: device {claim.device_udid} is claimed twice in one request"
+                )
+            seen.add(claim.device_udid)
+        return self
+
+
+class DeviceRun(Contract):
+    device_udid: str
+    run: RunAssignment
+
+
+class ClaimsResponse(Contract):
+    """The runs given, one per device that got one; the other devices got none this time."""
+
+    runs: list[DeviceRun] = Field(default_factory=list)
+
+
 class PromptResult(Incoming):
     """One prompt of the decode sweep on one device."""
 
@@ -253,6 +307,48 @@ class RunFailure(Incoming):
 
 class LeaseRenewal(Contract):
     lease_expires_at: str
+
+
+# One request carries at most this many runs' results (and stays under the body limit).
+MAX_BATCH_RESULTS = 200
+
+
+class RunResultUpload(Incoming):
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: StrictInt = Field(ge=1)
+    result: RunResult
+
+
+class ResultsBatch(Incoming):
+    """Several finished runs' results in one request (`POST /agents/results`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uploads: list[RunResultUpload] = Field(min_length=1, max_length=MAX_BATCH_RESULTS)
+
+    @model_validator(mode="after")
+    def _one_upload_per_run(self) -> ResultsBatch:
+        seen: set[int] = set()
+        for index, upload in enumerate(self.uploads):
+            if upload.run_id in seen:
+                raise ValueError(f"uploads.{index}: run {upload.run_id} appears twice")
+            seen.add(upload.run_id)
+        return self
+
+
+class UploadOutcome(Contract):
+    """One run's answer within a batch: the status its upload alone would have had."""
+
+    run_id: int
+    status: int = Field(description="200 stored; 404, 409 or 422 refused, as a single upload")
+    state: RunState | None = None
+    prompts_stored: int | None = None
+    detail: str | None = Field(default=None, description="Why it was refused")
+
+
+class ResultsBatchStored(Contract):
+    outcomes: list[UploadOutcome]
 
 
 # Build workers

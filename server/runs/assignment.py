@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.protocol import RunAssignment
 from server.builds.reports import report_of
@@ -19,15 +21,33 @@ from server.runs.prompts import prompts_of
 logger = logging.getLogger(__name__)
 
 
-def assignment_for(session: Session, run: Run, settings: Settings) -> RunAssignment:
-    # The run's build, sweep and variant in one round trip (three lookups before).
-    build, sweep, variant = session.execute(
-        select(Build, Sweep, SweepVariant)
-        .join(Sweep, Sweep.id == SweepVariant.sweep_id)
-        .join(Build, Build.id == run.build_id)
-        .where(SweepVariant.id == run.sweep_variant_id)
-    ).one()
-    report = report_of(build)
+def assignment_for(
+    session: Session,
+    run: Run,
+    settings: Settings,
+    found: tuple[Build, Sweep, SweepVariant] | None = None,
+    reports: dict[int, BuildReport | None] | None = None,
+) -> RunAssignment:
+    """The run's assignment; ``found`` (its build, sweep and variant) and ``reports`` (parsed
+    reports by build) when a batch has read them already."""
+    if found is None:
+        # The run's build, sweep and variant in one round trip (three lookups before).
+        found = (
+            session.execute(
+                select(Build, Sweep, SweepVariant)
+                .join(Sweep, Sweep.id == SweepVariant.sweep_id)
+                .join(Build, Build.id == run.build_id)
+                .where(SweepVariant.id == run.sweep_variant_id)
+            )
+            .tuples()
+            .one()
+        )
+    build, sweep, variant = found
+    if reports is None:
+        reports = {}
+    if build.id not in reports:
+        reports[build.id] = report_of(build)
+    report = reports[build.id]
     assert report is not None
     assert build.artifact_sha256 is not None and run.lease_expires_at is not None
     return RunAssignment(
@@ -88,3 +108,44 @@ def claim_assignment(
             logger.warning(reason)
             runs.fail_unassignable(session, run, reason)
     return None, device_class
+
+
+def claim_assignments(
+    session: Session, agent_id: int, claims: Sequence[tuple[str, str]], settings: Settings
+) -> tuple[dict[str, RunAssignment], set[str]]:
+    """`claim_assignment` for several devices of one agent: the assignments by device, and the
+    classes of the devices left without one (what a batched long poll waits on). The runs'
+    builds, sweeps and variants are read in one statement and each build's report parsed once.
+    A run whose assignment cannot be built fails with the reason, as in a single claim; its
+    device gets none this time and claims again."""
+    taken, waiting = runs.claim_runs(
+        session,
+        agent_id,
+        claims,
+        settings.lease_seconds,
+        max_attempts=settings.max_run_attempts,
+        aging_s=settings.fair_share_aging_s,
+    )
+    if not taken:
+        return {}, waiting
+    by_run = {
+        run_id: (build, sweep, variant)
+        for run_id, build, sweep, variant in session.execute(
+            select(Run.id, Build, Sweep, SweepVariant)
+            .join(SweepVariant, SweepVariant.id == Run.sweep_variant_id)
+            .join(Sweep, Sweep.id == SweepVariant.sweep_id)
+            .join(Build, Build.id == Run.build_id)
+            .where(Run.id.in_([run.id for run in taken.values()]))
+        ).tuples()
+    }
+    reports: dict[int, BuildReport | None] = {}
+    assignments: dict[str, RunAssignment] = {}
+    for udid, run in taken.items():
+        try:
+            found = by_run[run.id]
+            assignments[udid] = assignment_for(session, run, settings, found, reports)
+        except Exception as error:  # noqa: BLE001 - any defect of the stored rows fails this run only
+            reason = f"cannot assign run {run.id}: {type(error).__name__}: {error}"[:500]
+            logger.warning(reason)
+            runs.fail_unassignable(session, run, reason)
+    return assignments, waiting

@@ -27,7 +27,7 @@ from server.models import (
     Sweep,
     SweepState,
 )
-from server.runs.queue import take_next_run
+from server.runs.queue import BatchShares, take_next_run
 from server.transitions import move
 
 
@@ -99,7 +99,7 @@ def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
         if _sweep_target(follow_up, sweep_id)[0] != state:
             refresh_sweep_state(follow_up, sweep_id)
 
-    follow_up_after_commit(session, settle)
+    follow_up_after_commit(session, settle, once=("settle sweep", sweep_id))
 
 
 def refresh_sweeps_of_build(session: Session, build_id: int) -> None:
@@ -159,29 +159,122 @@ def claim_run(
         .where(Run.device_udid == device_udid, Run.state == RunState.running)
         .with_for_update()
     ).all()
-    for run in held:
-        if claim_key is not None and run.claim_key == claim_key and run.agent_id == agent_id:
-            # The same claim again (its answer was lost): the same run, its lease renewed.
-            run.lease_expires_at = now + timedelta(seconds=lease_seconds)
-            return run, device.device_class
-    if held and claim_key is None:
-        raise Conflict(f"device {device_udid} already has a run in progress")
-    for run in held:
-        # A new claim key means the agent no longer holds this run (it restarted, or gave the
-        # run up): queue it again now rather than when its lease runs out.
-        _requeue_or_fail(
-            session,
-            run,
-            f"device {device_udid} claimed anew; its agent gave the run up",
-            max_attempts,
-        )
+    again = _held_or_given_up(
+        session, device, held, agent_id, claim_key, lease_seconds, now, max_attempts
+    )
+    if again is not None:
+        return again, device.device_class
     # A device pinned to a project takes only that project's runs (server/tenancy.py).
     taken = take_next_run(
         session, device.device_class, device_udid, aging_s, project_id=device.project_id
     )
     if taken is None:
         return None, device.device_class
-    run = taken
+    _lease(session, taken, agent_id, device_udid, claim_key, lease_seconds, now)
+    return taken, device.device_class
+
+
+def claim_runs(
+    session: Session,
+    agent_id: int,
+    claims: Sequence[tuple[str, str]],
+    lease_seconds: int,
+    *,
+    max_attempts: int = 3,
+    aging_s: float = 300.0,
+) -> tuple[dict[str, Run], set[str]]:
+    """`claim_run` for several devices of one agent at once, ``claims`` being (device, claim
+    key) pairs: the runs given, by device, and the classes of the devices left without one.
+
+    The same rules per device, in fewer statements: the devices' rows are locked in one
+    statement (in a fixed order, so two batches of one agent cannot deadlock), their held runs
+    read in one, and each class's fair-share ranking is read once for all of its devices."""
+    udids = sorted(udid for udid, _ in claims)
+    keys = dict(claims)
+    devices = {
+        device.udid: device
+        for device in session.scalars(
+            select(Device).where(Device.udid.in_(udids)).order_by(Device.udid).with_for_update()
+        )
+    }
+    for udid in udids:
+        device = devices.get(udid)
+        if device is None or device.agent_id != agent_id:
+            raise NotFound(f"device {udid} is not registered to this agent")
+    now = datetime.now(UTC)
+    held_by: dict[str, list[Run]] = {}
+    for run in session.scalars(
+        select(Run)
+        .where(Run.device_udid.in_(udids), Run.state == RunState.running)
+        .order_by(Run.id)
+        .with_for_update()
+    ):
+        held_by.setdefault(run.device_udid or "", []).append(run)
+    given: dict[str, Run] = {}
+    wanting: dict[tuple[str, int | None], list[str]] = {}
+    for udid in udids:
+        device = devices[udid]
+        held = held_by.get(udid, [])
+        again = _held_or_given_up(
+            session, device, held, agent_id, keys[udid], lease_seconds, now, max_attempts
+        )
+        if again is not None:
+            given[udid] = again
+        else:
+            wanting.setdefault((device.device_class, device.project_id), []).append(udid)
+    waiting: set[str] = set()
+    for (device_class, project_id), group in wanting.items():
+        shares = BatchShares(session, device_class, aging_s, project_id, len(group))
+        for udid in group:
+            taken = shares.take(udid, now)
+            if taken is None:
+                waiting.add(device_class)
+                break  # this class has nothing more for this batch
+            _lease(session, taken, agent_id, udid, keys[udid], lease_seconds, now)
+            given[udid] = taken
+    return given, waiting
+
+
+def _held_or_given_up(
+    session: Session,
+    device: Device,
+    held: Sequence[Run],
+    agent_id: int,
+    claim_key: str | None,
+    lease_seconds: int,
+    now: datetime,
+    max_attempts: int,
+) -> Run | None:
+    """The run a repeated claim (same key) gets back, its lease renewed; else None, the device's
+    other held runs given up (queued again). Without a key a held run is a conflict."""
+    for run in held:
+        if claim_key is not None and run.claim_key == claim_key and run.agent_id == agent_id:
+            # The same claim again (its answer was lost): the same run, its lease renewed.
+            run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+            return run
+    if held and claim_key is None:
+        raise Conflict(f"device {device.udid} already has a run in progress")
+    for run in held:
+        # A new claim key means the agent no longer holds this run (it restarted, or gave the
+        # run up): queue it again now rather than when its lease runs out.
+        _requeue_or_fail(
+            session,
+            run,
+            f"device {device.udid} claimed anew; its agent gave the run up",
+            max_attempts,
+        )
+    return None
+
+
+def _lease(
+    session: Session,
+    run: Run,
+    agent_id: int,
+    device_udid: str,
+    claim_key: str | None,
+    lease_seconds: int,
+    now: datetime,
+) -> None:
     run.attempts += 1
     run.agent_id = agent_id
     run.device_udid = device_udid
@@ -191,7 +284,6 @@ def claim_run(
     # A claim changes no sweep's state: its run was queued, so its build had succeeded and the
     # sweep was already running (or building for its other builds), and it stays so.
     move(session, "run", run, RunState.running, f"claimed for {device_udid}")
-    return run, device.device_class
 
 
 def _owned_running_run(session: Session, run_id: int, agent_id: int) -> Run:

@@ -189,7 +189,7 @@ def test_a_long_poll_that_waits_out_its_turn_is_answered_empty_not_503(monkeypat
 
     looked: list[float] = []
 
-    async def saturated(request, body, wait_s: float):
+    async def saturated(look, wait_s: float):
         looked.append(wait_s)
         raise ServerBusy
 
