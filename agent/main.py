@@ -24,7 +24,6 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import TypeVar
 import httpx
 
 from agent.artifacts import ArtifactCache
+from agent.batching import ClaimBatcher
 from agent.config import AgentSettings, parse_settings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.factory import build_driver
@@ -41,7 +41,6 @@ from agent.drivers.ios_fixes import with_status_fix
 from agent.health import BUSY, READY, DeviceHealth, gate
 from agent.outbox import Outbox
 from agent.registration import (
-    MAX_BACKOFF_S,
     RegistrationRefused,
     ServerUnreachable,
     agent_version,
@@ -49,9 +48,9 @@ from agent.registration import (
     register_with_backoff,
 )
 from agent.runner import RunExecutor, RunOutcome
-from decodebench.client import ApiError, AsyncClaims, DecodebenchClient
+from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import AgentRegistration, ClaimResponse, DeviceInfo
+from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
 
 log = logging.getLogger("agent")
 _T = TypeVar("_T")
@@ -115,6 +114,7 @@ class Agent:
         # The devices' event loop, once it runs (see _serve_devices).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
+        self._claims: ClaimBatcher | None = None  # the devices' claims, batched (on the loop)
         self._loop_ready = threading.Event()
         self._run_threads = ThreadPoolExecutor(RUN_THREADS_MAX, thread_name_prefix="run")
         self._call_threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="device-call")
@@ -200,6 +200,9 @@ class Agent:
         self._stopping = asyncio.Event()
         if self.stop.is_set():
             self._stopping.set()
+        self._claims = ClaimBatcher(
+            self.client.claims, self._stopping, self.settings.poll_interval_s
+        )
         with self._lock:
             slots = list(self._slots.values())
         for slot in slots:
@@ -216,6 +219,7 @@ class Agent:
             for task in pending:
                 task.cancel()
         await asyncio.gather(*busy, *idle, return_exceptions=True)
+        await self._claims.close()
         self._loop = None
 
     def _ensure_device_task(self, slot: DeviceSlot) -> None:
@@ -380,10 +384,9 @@ class Agent:
         return gated
 
     async def _device_loop(self, slot: DeviceSlot) -> None:
-        async with self.client.claims() as claims:  # this device's connection for claims
-            await self._serve_device(slot, claims)
+        await self._serve_device(slot)
 
-    async def _serve_device(self, slot: DeviceSlot, claims: AsyncClaims) -> None:
+    async def _serve_device(self, slot: DeviceSlot) -> None:
         udid = slot.info.udid
         while not self.stop.is_set() and slot.connected:
             info = await self._blocking(self._check_health, slot)
@@ -398,7 +401,8 @@ class Agent:
             if not await self._blocking(outbox.deliver, self.client.upload_results, self.stop):
                 break
             long_poll_s = 0 if self.settings.once else self.settings.claim_wait_s
-            claim = await self._claim(claims, udid, long_poll_s)
+            assert self._claims is not None
+            claim = await self._claims.claim(udid, long_poll_s)
             if claim is None:
                 break  # stopping
             if claim.run is None:
@@ -433,32 +437,6 @@ class Agent:
             udid,
             "stopping" if self.stop.is_set() else "disconnected",
         )
-
-    async def _claim(self, claims: AsyncClaims, udid: str, wait_s: int) -> ClaimResponse | None:
-        """A claim, retried with the same key while its answer does not arrive (so a claim the
-        server granted is not orphaned); None once stopping."""
-        key = uuid.uuid4().hex
-        failures = 0
-        while not self.stop.is_set():
-            sent_at, started = time.time(), time.monotonic()
-            try:
-                claim = await claims.claim_run(udid, claim_key=key, wait_seconds=wait_s)
-                if claim.run is not None:  # bench/scheduler.py reads this line
-                    log.info(
-                        "run %d: claim answered in %.1f ms, sent at %.3f",
-                        claim.run.run_id,
-                        (time.monotonic() - started) * 1000,
-                        sent_at,
-                    )
-                return claim
-            except (ApiError, httpx.HTTPError) as error:
-                failures += 1
-                delay_s = min(self.settings.poll_interval_s * 2**failures, MAX_BACKOFF_S)
-                log.warning("claim for %s failed (%r); retrying in %.0f s", udid, error, delay_s)
-                if not is_transient(error):
-                    key = uuid.uuid4().hex  # refused, not lost: the next claim is a new one
-                await self._pause(delay_s)
-        return None
 
     def _give_back(self, run_id: int) -> None:
         try:

@@ -19,17 +19,22 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
 
 from decodebench.client import ApiError
-from decodebench.contracts.protocol import RunResult
+from decodebench.contracts.protocol import MAX_BATCH_RESULTS, ResultsBatchStored, RunResult
 
 log = logging.getLogger(__name__)
 ENTRY = re.compile(r"^(\d{12})-run-(\d+)\.json\Z")
 MAX_BACKOFF_S = 10.0
+# Uploads gathered into one request: whatever finished within GATHER_S of the first, up to
+# MAX_BATCH_RESULTS runs or a quarter of the server's default body limit (4 MiB).
+GATHER_S = 0.02
+MAX_BATCH_BYTES = 1 << 20
 
 
 class Outbox:
@@ -87,7 +92,7 @@ class Outbox:
                 if not waiting:
                     return True
                 entry = waiting[0]
-            if not self._take(entry):
+            if not self.take(entry):
                 stop.wait(0.05)  # another thread is delivering it; see how that ends
                 continue
             try:
@@ -108,12 +113,17 @@ class Outbox:
                     self._in_flight.discard(entry)
         return False
 
-    def _take(self, entry: Path) -> bool:
+    def take(self, entry: Path) -> bool:
+        """Mark ``entry`` as being delivered by the caller; False when another is at it."""
         with self._flight_lock:
             if entry in self._in_flight:
                 return False
             self._in_flight.add(entry)
             return True
+
+    def release(self, entry: Path) -> None:
+        with self._flight_lock:
+            self._in_flight.discard(entry)
 
     def _deliver_one(self, entry: Path, upload: Callable[[int, RunResult], object]) -> None:
         try:
@@ -136,6 +146,172 @@ class Outbox:
             self.refused[entry] = error
         entry.unlink()
         _fsync_directory(self.directory)
+
+
+class BatchedUploads:
+    """Finished runs of all of an agent's devices go up together: a thread gathers the entries
+    that runs hand it (`deliver`) into one `POST /agents/results` each, and answers each run
+    with its own outcome. The entries are read as stored and sent as they are. A batch the
+    server refuses whole (one entry it cannot read, say), and an entry some other thread is
+    already delivering, go back to their runs to be delivered alone (`Outbox.deliver`), so one
+    bad entry holds back no other."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        upload_many: Callable[[Sequence[str]], ResultsBatchStored],
+        upload_one: Callable[[int, RunResult], object],
+        stop: threading.Event,
+        gather_s: float = GATHER_S,
+    ) -> None:
+        self.outbox = outbox
+        self._upload_many = upload_many
+        self._upload_one = upload_one
+        self._stop = stop
+        self._gather_s = gather_s
+        self._waiting: list[tuple[Path, Future[bool | None]]] = []
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._backoff_s = 1.0
+        self.requests = 0  # batches sent
+
+    def deliver(self, entry: Path) -> bool:
+        """Deliver ``entry`` (with others); True once the server has it or refused it for good
+        (its answer in `Outbox.refused`), False when the agent stops first."""
+        answer: Future[bool | None] = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="uploads", daemon=True)
+                self._thread.start()
+            self._waiting.append((entry, answer))
+            self._lock.notify()
+        delivered = answer.result()
+        if delivered is None:  # alone, the way it was delivered before batches
+            return self.outbox.deliver(self._upload_one, self._stop, until=entry)
+        return delivered
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting:
+                    if self._stop.is_set():
+                        return
+                    self._lock.wait(0.5)
+            self._stop.wait(self._gather_s)  # let the runs finishing together join
+            with self._lock:
+                batch: list[tuple[Path, Future[bool | None]]] = []
+                size = 0
+                while self._waiting and len(batch) < MAX_BATCH_RESULTS:
+                    entry, answer = self._waiting[0]
+                    entry_size = _size(entry)
+                    if batch and size + entry_size > MAX_BATCH_BYTES:
+                        break
+                    batch.append(self._waiting.pop(0))
+                    size += entry_size
+            try:
+                self._send(batch)
+            except Exception as error:  # noqa: BLE001 - never leave a run waiting for an answer
+                log.exception("outbox: a batch of %d uploads failed (%r)", len(batch), error)
+                for _, answer in batch:
+                    if not answer.done():
+                        answer.set_result(None)
+
+    def _send(self, batch: list[tuple[Path, Future[bool | None]]]) -> None:
+        mine: list[tuple[Path, Future[bool | None], str]] = []
+        for entry, answer in batch:
+            if not self.outbox.take(entry):
+                answer.set_result(None)  # another thread delivers it: its run waits for that
+                continue
+            try:
+                mine.append((entry, answer, entry.read_text()))
+            except FileNotFoundError:  # delivered meanwhile
+                self.outbox.release(entry)
+                answer.set_result(True)
+        retry = False
+        try:
+            retry = self._deliver(mine)
+        finally:
+            for entry, _, _ in mine:
+                self.outbox.release(entry)
+            if retry:  # first in line again, joined by whatever finished meanwhile
+                with self._lock:
+                    self._waiting[:0] = [(entry, answer) for entry, answer, _ in mine]
+            for _, answer, _ in mine:
+                if not answer.done() and not retry:
+                    answer.set_result(None)
+        if retry:
+            self._stop.wait(self._backoff_s)
+            self._backoff_s = min(MAX_BACKOFF_S, self._backoff_s * 2)
+
+    def _deliver(self, mine: list[tuple[Path, Future[bool | None], str]]) -> bool:
+        """Send ``mine``; True when it is to be sent again after a back-off (the server was
+        unreachable, or busy)."""
+        if not mine:
+            return False
+        if self._stop.is_set():
+            for _, answer, _ in mine:
+                answer.set_result(False)
+            return False
+        try:
+            stored = self._upload_many([text for _, _, text in mine])
+        except ApiError as error:
+            if error.status_code < 500 and error.status_code != 429:
+                log.warning(
+                    "outbox: %d uploads refused together (%s); each goes alone", len(mine), error
+                )
+                return False  # each run delivers its own entry (answered None)
+            failure: Exception = error
+        except httpx.TransportError as error:
+            failure = error
+        else:
+            self._backoff_s = 1.0
+            self.requests += 1
+            self._store(mine, stored)
+            return False
+        log.warning(
+            "outbox: %d uploads not delivered (%s); retrying in %.0f s",
+            len(mine),
+            failure,
+            self._backoff_s,
+        )
+        return True
+
+    def _store(
+        self, mine: list[tuple[Path, Future[bool | None], str]], stored: ResultsBatchStored
+    ) -> None:
+        outcomes = {outcome.run_id: outcome for outcome in stored.outcomes}
+        done = []
+        for entry, answer, _ in mine:
+            outcome = outcomes.get(_run_id(entry))
+            if outcome is None:
+                continue  # not answered: delivered alone
+            if outcome.status != 200:
+                log.error(
+                    "outbox: the server refused the results of run %d for good: %s",
+                    outcome.run_id,
+                    outcome.detail,
+                )
+                self.outbox.refused[entry] = ApiError(outcome.status, outcome.detail)
+            else:
+                log.info("outbox: delivered the results of run %d", outcome.run_id)
+            entry.unlink(missing_ok=True)
+            done.append(answer)
+        if done:
+            _fsync_directory(self.outbox.directory)
+        for answer in done:
+            answer.set_result(True)
+
+
+def _size(entry: Path) -> int:
+    try:
+        return entry.stat().st_size
+    except OSError:
+        return 0
+
+
+def _run_id(entry: Path) -> int:
+    match = ENTRY.match(entry.name)
+    return int(match[2]) if match else -1
 
 
 def _fsync_directory(directory: Path) -> None:

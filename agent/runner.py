@@ -27,7 +27,7 @@ from agent.drivers.base import (
     RunCancelled,
     run_on_device,
 )
-from agent.outbox import Outbox
+from agent.outbox import BatchedUploads, Outbox
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
@@ -239,6 +239,8 @@ class RunExecutor:
         self.shutdown = shutdown
         self.outbox = outbox
         self.run_timeout_s = run_timeout_s
+        # Each run's results go up with the others finishing at that moment (one request).
+        self.uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, shutdown)
 
     def execute(self, assignment: RunAssignment, device: DeviceInfo) -> RunOutcome:
         run_id = assignment.run_id
@@ -266,7 +268,7 @@ class RunExecutor:
                 return RunOutcome(run_id, completed=False, reason=cancel.reason or "lease lost")
             # On disk before the first upload: a server outage of any length loses nothing.
             entry = self.outbox.put(run_id, result)
-            delivered = self.outbox.deliver(self.client.upload_results, self.shutdown, until=entry)
+            delivered = self.uploads.deliver(entry)
             refusal = self.outbox.refused.pop(entry, None)
             if refusal is not None:
                 return self._fail(assignment, refusal, "uploading results", lease_lost=lease.lost)

@@ -125,7 +125,7 @@ class Admission:
 
 
 UNCOUNTED = frozenset({"/api/v1/health"})
-SELF_ADMITTED = frozenset({"/api/v1/agents/claim"})
+SELF_ADMITTED = frozenset({"/api/v1/agents/claim", "/api/v1/agents/claims"})
 
 
 class ServerBusy(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from tests.conftest import bearer, query
@@ -193,3 +194,128 @@ def test_a_malformed_results_batch_is_refused_whole(api, agent_token, uploads, n
         headers={**bearer(agent_token), "Content-Type": "application/json"},
     )
     assert response.status_code == 422 and named in response.text
+
+
+# Long polls
+
+
+def test_waiting_batches_hold_no_slot_and_wake_when_runs_become_claimable(stack) -> None:
+    """30 batched long polls of 2 devices each (more than the server's 8 + 4 connections) wait
+    on a real server process; a heartbeat is admitted at once meanwhile, and a build finishing
+    hands its runs to waiting batches."""
+    import asyncio
+    import time
+
+    from tests.test_run_lifecycle import SWEEP, finish_builds
+
+    tokens = stack.tokens
+    batches = 30
+    with httpx.Client(base_url=stack.server_url, timeout=30) as client:
+        register(client, tokens["agent"], 2 * batches)
+        sweep = client.post(
+            "/api/v1/sweeps", json={**SWEEP, "repetitions": 2}, headers=bearer(tokens["user"])
+        ).json()
+
+    async def scenario() -> tuple[float, list[dict]]:
+        async with httpx.AsyncClient(
+            base_url=stack.server_url, timeout=30, limits=httpx.Limits(max_connections=None)
+        ) as client:
+
+            async def long_poll(index: int) -> dict:
+                pairs = keyed(2 * batches)[2 * index : 2 * index + 2]
+                body = {
+                    "claims": [{"device_udid": u, "claim_key": k} for u, k in pairs],
+                    "wait_seconds": 20,
+                }
+                response = await client.post(
+                    "/api/v1/agents/claims", json=body, headers=bearer(tokens["agent"])
+                )
+                return given(response)
+
+            polls = [asyncio.create_task(long_poll(i)) for i in range(batches)]
+            await asyncio.sleep(2.0)  # every batch has looked and waits
+            assert not any(poll.done() for poll in polls)
+            started = time.monotonic()
+            beat = await client.post(
+                "/api/v1/agents/heartbeat", json={"devices": []}, headers=bearer(tokens["agent"])
+            )
+            heartbeat_s = time.monotonic() - started
+            assert beat.status_code == 204, beat.text
+
+            def finish() -> None:
+                with httpx.Client(base_url=stack.server_url, timeout=30) as sync_client:
+                    finish_builds(sync_client, sweep, tokens["worker"])
+
+            await asyncio.to_thread(finish)
+            answered: list[dict] = []
+            pending = set(polls)
+            deadline = time.monotonic() + 10
+            while sum(len(a) for a in answered) < 4 and pending and time.monotonic() < deadline:
+                done, pending = await asyncio.wait(
+                    pending, timeout=1, return_when=asyncio.FIRST_COMPLETED
+                )
+                answered += [poll.result() for poll in done]
+            for poll in pending:
+                poll.cancel()
+            return heartbeat_s, answered
+
+    heartbeat_s, answered = asyncio.run(scenario())
+    assert heartbeat_s < 2.0  # a waiting batch holds no admission slot (the pool waits 5 s)
+    runs = [run for answer in answered for run in answer.values()]
+    assert len(runs) == 4 and len({run["run_id"] for run in runs}) == 4
+
+
+# The agent's side
+
+
+def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -> None:
+    """20 devices ask for a run at once and get one each over one or two requests; their 20
+    results, finished together, go up in one or two requests and are all stored."""
+    import asyncio
+    import threading
+
+    from agent.batching import ClaimBatcher
+    from agent.outbox import BatchedUploads, Outbox
+    from decodebench.client import DecodebenchClient
+    from decodebench.contracts.protocol import RunResult
+
+    devices = 20
+    tokens = stack.tokens
+    with httpx.Client(base_url=stack.server_url, timeout=30) as client:
+        register(client, tokens["agent"], devices)
+        submit(client, tokens["user"], tokens["worker"], repetitions=10)  # 20 runs
+    client = DecodebenchClient(stack.server_url, tokens["agent"])
+
+    async def claim_all() -> tuple[dict[str, int], int]:
+        batcher = ClaimBatcher(client.claims, asyncio.Event(), poll_interval_s=1.0)
+        answers = await asyncio.gather(*(batcher.claim(f"SIM-{i:04d}", 5) for i in range(devices)))
+        await batcher.close()
+        runs = {}
+        for i, answer in enumerate(answers):
+            assert answer is not None and answer.run is not None
+            runs[f"SIM-{i:04d}"] = answer.run.run_id
+        return runs, batcher.requests
+
+    runs, claim_requests = asyncio.run(claim_all())
+    assert len(set(runs.values())) == devices and claim_requests <= 2
+    outbox = Outbox(tmp_path / "outbox")
+    stop = threading.Event()
+    uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, stop)
+    entries = [
+        outbox.put(run_id, RunResult.model_validate(result_for(range(3), 40.0, udid=udid)))
+        for udid, run_id in runs.items()
+    ]
+    delivered: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda e=entry: delivered.append(uploads.deliver(e)))
+        for entry in entries
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    stop.set()
+    client.close()
+    assert delivered == [True] * devices and not outbox.refused
+    assert uploads.requests <= 2 and not outbox.pending()
+    assert query("SELECT count(*) FROM runs WHERE state = 'succeeded'") == [(devices,)]
