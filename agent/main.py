@@ -1,18 +1,18 @@
 """The agent process: register, heartbeat the inventory, claim and run work for each device.
 
 One asyncio task per device claims and executes that device's runs, all on one event loop (the
-"devices" thread): an idle device's long-poll claim (`--claim-wait`, answered by the server as
-soon as a run is claimable) is a request awaited by its task, so a thousand idle devices are a
-thousand sockets, not a thousand threads. A run (the driver's work on the phone, its lease,
-its upload) takes a thread of a pool that grows with the runs in flight, one per busy device,
-and nothing shared between devices that one run would hold (the outbox, the artifact cache and
-the HTTP connections serve them concurrently); the short blocking calls between runs (health
-probes, outbox deliveries) share a few threads. Each device claims over a connection of its
-own (`DecodebenchClient.claims`). One thread heartbeats the whole inventory in one request, at
-most every HEARTBEAT_MIN_GAP_S; the calling thread supervises and handles SIGTERM/SIGINT. Each
-claim carries a key sent again with its retries, so a claim whose answer is lost gets the same
-run. On shutdown no new run is claimed (one a long poll brings back is given back at once) and
-a run in flight either finishes or fails with "agent shutting down".
+"devices" thread). The devices' claims are batched (`agent/batching.py`): those that ask within
+a few milliseconds of each other go up as one request, and idle devices wait in a handful of
+long polls (`--claim-wait`, answered by the server as soon as a run is claimable) rather than a
+thousand. A run (the driver's work on the phone, its lease) takes a thread of a pool that grows
+with the runs in flight, one per busy device; its results are written to the durable outbox and
+go up with the other devices' finishing at that moment (`BatchedUploads`, one request). The
+short blocking calls between runs (health probes, backlog deliveries) share a few threads. One
+thread heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S; the
+calling thread supervises and handles SIGTERM/SIGINT. Each device's claim carries a key sent
+again with its retries, so a claim whose answer is lost gets the same run. On shutdown no new
+run is claimed (one a long poll brings back is given back at once) and a run in flight either
+finishes or fails with "agent shutting down".
 """
 
 from __future__ import annotations

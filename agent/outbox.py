@@ -2,10 +2,10 @@
 
 A run's results are written to the outbox (atomically: a temporary file, fsync'd, renamed, the
 directory fsync'd) before the first upload is tried, so neither a server outage of any length
-nor an agent restart loses a finished run. Each device's executor delivers its own entry at once
-(entries of different devices go up concurrently: one agent serves many devices); the backlog
-left by an outage is delivered oldest first, by whichever device thread is about to claim, each
-entry by one thread at a time. Uploads are idempotent per (run, prompt) on the server, so
+nor an agent restart loses a finished run. Each run's entry goes up at once, in one request with
+the other devices' entries finishing at that moment (`BatchedUploads`: one agent serves many
+devices); the backlog left by an outage is delivered oldest first, by whichever device is about
+to claim, each entry by one thread at a time. Uploads are idempotent per (run, prompt) on the server, so
 delivering one twice would still store it once.
 An entry leaves the outbox once the server stored it, or refused it for good (a 4xx: the run
 was claimed again by another device, or has ended): retrying could not change that answer.

@@ -76,8 +76,10 @@ def commit_with_follow_ups(session: Session) -> None:
     while follow_ups := session.info.pop(FOLLOW_UP_KEY, []):
         session.info.pop(FOLLOW_UP_ONCE_KEY, None)
         for work in follow_ups:
+            # Each in its own transaction: a batch's follow-ups (the sweeps of its runs, say)
+            # would otherwise hold each one's locks until the last, in the batch's order.
             work(session)
-        session.commit()
+            session.commit()
 
 
 def session_scope() -> Iterator[Session]:

@@ -319,3 +319,57 @@ def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -
     assert delivered == [True] * devices and not outbox.refused
     assert uploads.requests <= 2 and not outbox.pending()
     assert query("SELECT count(*) FROM runs WHERE state = 'succeeded'") == [(devices,)]
+
+
+def test_batched_claims_and_heartbeats_over_the_same_devices_never_deadlock(
+    api, user_token, worker_token, agent_token
+) -> None:
+    """Heartbeats that change some devices and batches claiming others of the same agent, at
+    once: each takes the devices' rows in the same order, so none is told 503."""
+    import random
+    import threading
+
+    from tests.test_run_lifecycle import DEVICE
+
+    devices = 40
+    for _ in range(3):
+        submit(api, user_token, worker_token, repetitions=10)
+    # registered out of order, so the rows' ids do not follow the udids
+    order = random.Random(7).sample(range(devices), devices)
+    inventory = [{**DEVICE, "udid": f"SIM-{i:04d}"} for i in order]
+    registration = {"name": "host-1", "devices": inventory}
+    api.post("/api/v1/agents/register", json=registration, headers=bearer(agent_token))
+    failures: list[str] = []
+    rounds = 25
+
+    def heartbeats() -> None:
+        states = ["nominal", "fair"]
+        for round_ in range(rounds):
+            inventory = [
+                {**DEVICE, "udid": f"SIM-{i:04d}", "thermal_state": states[(i + round_) % 2]}
+                for i in reversed(range(devices))
+            ]
+            response = api.post(
+                "/api/v1/agents/heartbeat", json={"devices": inventory}, headers=bearer(agent_token)
+            )
+            if response.status_code != 204:
+                failures.append(f"heartbeat {response.status_code}: {response.text}")
+
+    def claiming(seed: int) -> None:
+        rng = random.Random(seed)
+        for round_ in range(rounds):
+            chosen = rng.sample(range(devices), 12)
+            pairs = [(f"SIM-{i:04d}", f"c{seed}-{round_}-{i:04d}") for i in chosen]
+            response = claims(api, agent_token, pairs)
+            if response.status_code != 200:
+                failures.append(f"claims {response.status_code}: {response.text}")
+
+    threads = [
+        threading.Thread(target=heartbeats),
+        *(threading.Thread(target=claiming, args=(s,)) for s in range(3)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == []

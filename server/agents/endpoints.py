@@ -224,7 +224,8 @@ def upload_many(body: ResultsBatch, token: AgentToken, session: SessionDep) -> R
     run does not hold back the others."""
     agent = service.agent_for_token(session, token)
     outcomes = []
-    for upload in body.uploads:
+    # In run order: two batches lock their runs in the same order, so they cannot deadlock.
+    for upload in sorted(body.uploads, key=lambda upload: upload.run_id):
         try:
             run = runs.record_results(session, upload.run_id, agent.id, upload.result)
         except (NotFound, Conflict, InvalidInput) as error:

@@ -61,10 +61,15 @@ def sync_devices(session: Session, agent: Agent, devices: list[DeviceInfo]) -> N
                 "on hardware and must register with simulated: true"
             )
     now = datetime.now(UTC)
+    # Locked up front, in id order as a batched claim locks them (server/runs/service.py):
+    # updated in whatever order the statements below take them, they deadlocked with claims.
     existing = {
         device.udid: device
         for device in session.scalars(
-            select(Device).where(Device.udid.in_(udids) | (Device.agent_id == agent.id))
+            select(Device)
+            .where(Device.udid.in_(udids) | (Device.agent_id == agent.id))
+            .order_by(Device.id)
+            .with_for_update()
         )
     }
     unchanged = []

@@ -187,14 +187,15 @@ def claim_runs(
     key) pairs: the runs given, by device, and the classes of the devices left without one.
 
     The same rules per device, in fewer statements: the devices' rows are locked in one
-    statement (in a fixed order, so two batches of one agent cannot deadlock), their held runs
-    read in one, and each class's fair-share ranking is read once for all of its devices."""
+    statement (in id order, as a heartbeat locks them, so it deadlocks with neither another
+    batch nor a heartbeat), their held runs read in one, and each class's fair-share ranking is
+    read once for all of its devices."""
     udids = sorted(udid for udid, _ in claims)
     keys = dict(claims)
     devices = {
         device.udid: device
         for device in session.scalars(
-            select(Device).where(Device.udid.in_(udids)).order_by(Device.udid).with_for_update()
+            select(Device).where(Device.udid.in_(udids)).order_by(Device.id).with_for_update()
         )
     }
     for udid in udids:
