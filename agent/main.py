@@ -491,8 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with DecodebenchClient(
         settings.server_url,
         settings.api_token,
-        # A long poll (on the device's own claims client, which takes this timeout too) may
-        # last claim_wait_s; a run's upload and lease renewal may overlap, for every device.
+        # A long poll (on a batch's claims client, which takes this timeout too) may last
+        # claim_wait_s; lease renewals and failure reports may overlap, for every device.
         timeout=max(30.0, settings.claim_wait_s + 15.0),
         max_connections=max(100, 2 * devices + 8),
     ) as client:

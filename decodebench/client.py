@@ -108,11 +108,11 @@ class DecodebenchClient:
         )
 
     def claims(self) -> AsyncClaims:
-        """An asyncio client for one device's claims, on the same server and token: an agent's
-        idle devices each hold a long poll, as tasks of one event loop rather than a thread each.
-        One client per device: a pool shared by hundreds of long polls spent most of the agent's
-        CPU matching requests to connections. They share one TLS context (loading the CA
-        certificates for each would cost more than the client)."""
+        """An asyncio client for claims, on the same server and token, with a connection of its
+        own: an agent keeps one per batch of claims in flight (`agent/batching.py`), since a pool
+        shared by hundreds of long polls spent most of the agent's CPU matching requests to
+        connections. They share one TLS context (loading the CA certificates for each would cost
+        more than the client)."""
         if self._tls is None:
             self._tls = httpx.create_ssl_context()
         return AsyncClaims(self.base_url, self._headers, self._timeout, self._tls)
@@ -316,8 +316,8 @@ class DecodebenchClient:
 
 
 class AsyncClaims:
-    """One device's claims over asyncio (`DecodebenchClient.claims`); an async context manager.
-    A device holds at most one claim at a time, so one connection is kept."""
+    """Claims over asyncio on one kept connection (`DecodebenchClient.claims`); an async context
+    manager. One request at a time: a device's claim, or a batch of an agent's devices."""
 
     def __init__(
         self, base_url: str, headers: dict[str, str], timeout: float, tls: ssl.SSLContext

@@ -373,3 +373,32 @@ def test_batched_claims_and_heartbeats_over_the_same_devices_never_deadlock(
     for thread in threads:
         thread.join(120)
     assert failures == []
+
+
+def test_a_batch_whose_answer_is_lost_gets_the_same_runs_when_retried(stack) -> None:
+    """A real server process; the first batch's answer is dropped between server and agent."""
+    from tests.test_scheduling import DroppingProxy
+
+    tokens = stack.tokens
+    with httpx.Client(base_url=stack.server_url, timeout=30) as direct:
+        submit(direct, tokens["user"], tokens["worker"], repetitions=2)  # 4 runs
+        register(direct, tokens["agent"], 3)
+    proxy = DroppingProxy(stack.port)
+    body = {"claims": [{"device_udid": u, "claim_key": k} for u, k in keyed(3)]}
+    headers = {**bearer(tokens["agent"]), "Connection": "close"}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", timeout=10) as agent:
+            with pytest.raises(httpx.TransportError):
+                agent.post("/api/v1/agents/claims", json=body, headers=headers)
+            held = query("SELECT device_udid, id FROM runs WHERE state = 'running'")
+            assert len(held) == 3  # the server did claim, and nobody has the runs yet
+            proxy.drop = False
+            retried = agent.post("/api/v1/agents/claims", json=body, headers=headers)
+    finally:
+        proxy.close()
+    assert {udid: run["run_id"] for udid, run in given(retried).items()} == dict(held)
+    assert query("SELECT count(*) FROM runs WHERE state = 'running'") == [(3,)]
+    claimed = query(
+        "SELECT count(*) FROM transitions WHERE entity = 'run' AND reason LIKE 'claimed for %'"
+    )
+    assert claimed == [(3,)]
