@@ -4,9 +4,10 @@ A run's results are written to the outbox (atomically: a temporary file, fsync'd
 directory fsync'd) before the first upload is tried, so neither a server outage of any length
 nor an agent restart loses a finished run. Each run's entry goes up at once, in one request with
 the other devices' entries finishing at that moment (`BatchedUploads`: one agent serves many
-devices); the backlog left by an outage is delivered oldest first, by whichever device is about
-to claim, each entry by one thread at a time. Uploads are idempotent per (run, prompt) on the server, so
-delivering one twice would still store it once.
+devices); its run holds it meanwhile. The backlog left by an outage or a previous process is
+delivered oldest first, by whichever device is about to claim, each entry by one thread at a
+time. Uploads are idempotent per (run, prompt) on the server, so delivering one twice would
+still store it once.
 An entry leaves the outbox once the server stored it, or refused it for good (a 4xx: the run
 was claimed again by another device, or has ended): retrying could not change that answer.
 """
@@ -48,13 +49,18 @@ class Outbox:
         # Entries the server refused for good, with its answer, for the run's executor to report.
         self.refused: dict[Path, ApiError] = {}
 
-    def put(self, run_id: int, result: RunResult) -> Path:
-        """Store ``result`` durably; returns its entry."""
+    def put(self, run_id: int, result: RunResult, hold: bool = False) -> Path:
+        """Store ``result`` durably; returns its entry. With ``hold`` the entry is the caller's
+        to deliver (as `take` would make it) from the moment it exists, so a device delivering
+        the backlog does not send it alone while its run hands it to a batch; the caller
+        `release`s it."""
         payload = json.dumps({"run_id": run_id, "result": result.model_dump(mode="json")})
         with self._write_lock:  # only the number: devices write their entries concurrently
             self._sequence += 1
             sequence = self._sequence
         final = self.directory / f"{sequence:012d}-run-{run_id}.json"
+        if hold:
+            self.take(final)
         handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".entry-")
         try:
             with os.fdopen(handle, "w") as out:
@@ -152,9 +158,8 @@ class BatchedUploads:
     """Finished runs of all of an agent's devices go up together: a thread gathers the entries
     that runs hand it (`deliver`) into one `POST /agents/results` each, and answers each run
     with its own outcome. The entries are read as stored and sent as they are. A batch the
-    server refuses whole (one entry it cannot read, say), and an entry some other thread is
-    already delivering, go back to their runs to be delivered alone (`Outbox.deliver`), so one
-    bad entry holds back no other."""
+    server refuses whole (one entry it cannot read, say) goes back to its runs, each delivered
+    alone (`Outbox.deliver`), so one bad entry holds back no other."""
 
     def __init__(
         self,
@@ -176,16 +181,20 @@ class BatchedUploads:
         self.requests = 0  # batches sent
 
     def deliver(self, entry: Path) -> bool:
-        """Deliver ``entry`` (with others); True once the server has it or refused it for good
-        (its answer in `Outbox.refused`), False when the agent stops first."""
+        """Deliver ``entry``, which the caller holds (`Outbox.put` with ``hold``), with others,
+        and release it; True once the server has it or refused it for good (its answer in
+        `Outbox.refused`), False when the agent stops first."""
         answer: Future[bool | None] = Future()
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="uploads", daemon=True)
-                self._thread.start()
-            self._waiting.append((entry, answer))
-            self._lock.notify()
-        delivered = answer.result()
+        try:
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._serve, name="uploads", daemon=True)
+                    self._thread.start()
+                self._waiting.append((entry, answer))
+                self._lock.notify()
+            delivered = answer.result()
+        finally:
+            self.outbox.release(entry)
         if delivered is None:  # alone, the way it was delivered before batches
             return self.outbox.deliver(self._upload_one, self._stop, until=entry)
         return delivered
@@ -218,21 +227,15 @@ class BatchedUploads:
 
     def _send(self, batch: list[tuple[Path, Future[bool | None]]]) -> None:
         mine: list[tuple[Path, Future[bool | None], str]] = []
-        for entry, answer in batch:
-            if not self.outbox.take(entry):
-                answer.set_result(None)  # another thread delivers it: its run waits for that
-                continue
+        for entry, answer in batch:  # held by their runs: nobody else delivers them
             try:
                 mine.append((entry, answer, entry.read_text()))
-            except FileNotFoundError:  # delivered meanwhile
-                self.outbox.release(entry)
+            except FileNotFoundError:  # gone (delivered by a previous attempt)
                 answer.set_result(True)
         retry = False
         try:
             retry = self._deliver(mine)
         finally:
-            for entry, _, _ in mine:
-                self.outbox.release(entry)
             if retry:  # first in line again, joined by whatever finished meanwhile
                 with self._lock:
                     self._waiting[:0] = [(entry, answer) for entry, answer, _ in mine]

@@ -267,7 +267,7 @@ class RunExecutor:
             if lease.lost:
                 return RunOutcome(run_id, completed=False, reason=cancel.reason or "lease lost")
             # On disk before the first upload: a server outage of any length loses nothing.
-            entry = self.outbox.put(run_id, result)
+            entry = self.outbox.put(run_id, result, hold=True)
             delivered = self.uploads.deliver(entry)
             refusal = self.outbox.refused.pop(entry, None)
             if refusal is not None:

@@ -302,7 +302,9 @@ def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -
     stop = threading.Event()
     uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, stop)
     entries = [
-        outbox.put(run_id, RunResult.model_validate(result_for(range(3), 40.0, udid=udid)))
+        outbox.put(
+            run_id, RunResult.model_validate(result_for(range(3), 40.0, udid=udid)), hold=True
+        )
         for udid, run_id in runs.items()
     ]
     delivered: list[bool] = []
