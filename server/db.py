@@ -42,19 +42,20 @@ def run_after_commit(session: Session, callback: Callable[[], None]) -> None:
 
 def follow_up_after_commit(
     session: Session, work: Callable[[Session], None], once: Hashable | None = None
-) -> None:
+) -> bool:
     """Run ``work`` in a second transaction on the same session once this one is committed;
     with ``once``, only the first follow-up of that key this transaction asks for (a batch of
-    runs of one sweep settles the sweep once).
+    runs of one sweep settles the sweep once). True when ``work`` was registered.
 
     For bookkeeping that must see every concurrent writer's committed rows (is this the last
     run of its sweep?) without making them all queue on one row lock."""
     if once is not None:
         keys = session.info.setdefault(FOLLOW_UP_ONCE_KEY, set())
         if once in keys:
-            return
+            return False
         keys.add(once)
     session.info.setdefault(FOLLOW_UP_KEY, []).append(work)
+    return True
 
 
 @event.listens_for(Session, "after_commit")

@@ -404,3 +404,22 @@ def test_a_batch_whose_answer_is_lost_gets_the_same_runs_when_retried(stack) -> 
         "SELECT count(*) FROM transitions WHERE entity = 'run' AND reason LIKE 'claimed for %'"
     )
     assert claimed == [(3,)]
+
+
+def test_a_results_batch_ending_two_sweeps_completes_both(
+    api, user_token, worker_token, agent_token
+) -> None:
+    sweeps = [submit(api, user_token, worker_token, repetitions=1) for _ in range(2)]
+    register(api, agent_token, 4)
+    runs = given(claims(api, agent_token, keyed(4)))
+    body = {"uploads": [upload(run["run_id"], udid) for udid, run in runs.items()]}
+    response = api.post("/api/v1/agents/results", json=body, headers=bearer(agent_token))
+    outcomes = response.json()["outcomes"]
+    assert [o["run_id"] for o in outcomes] == sorted(run["run_id"] for run in runs.values())
+    assert {o["status"] for o in outcomes} == {200}
+    states = query("SELECT id, state FROM sweeps ORDER BY id")
+    assert states == [(sweeps[0], "completed"), (sweeps[1], "completed")]
+    finished = query(
+        "SELECT count(*) FROM transitions WHERE entity = 'sweep' AND to_state = 'completed'"
+    )
+    assert finished == [(2,)]

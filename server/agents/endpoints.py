@@ -224,24 +224,30 @@ def upload_many(body: ResultsBatch, token: AgentToken, session: SessionDep) -> R
     run does not hold back the others."""
     agent = service.agent_for_token(session, token)
     outcomes = []
-    # In run order: two batches lock their runs in the same order, so they cannot deadlock.
-    for upload in sorted(body.uploads, key=lambda upload: upload.run_id):
-        try:
-            run = runs.record_results(session, upload.run_id, agent.id, upload.result)
-        except (NotFound, Conflict, InvalidInput) as error:
+    # The runs are locked in run order: two batches cannot deadlock.
+    batch = runs.runs_for_results(
+        session, [(upload.run_id, upload.result.device_udid) for upload in body.uploads]
+    )
+    # The runs' changes are flushed together at the end (an UPDATE for all, an INSERT of all
+    # their transitions), not run by run before the next one's statements.
+    with session.no_autoflush:
+        for upload in sorted(body.uploads, key=lambda upload: upload.run_id):
+            try:
+                run = runs.record_results(session, upload.run_id, agent.id, upload.result, batch)
+            except (NotFound, Conflict, InvalidInput) as error:
+                outcomes.append(
+                    UploadOutcome(run_id=upload.run_id, status=error.status_code, detail=str(error))
+                )
+                continue
+            assert run.summary is not None
             outcomes.append(
-                UploadOutcome(run_id=upload.run_id, status=error.status_code, detail=str(error))
+                UploadOutcome(
+                    run_id=run.id,
+                    status=200,
+                    state=RunState(run.state),
+                    prompts_stored=run.summary["prompts"],
+                )
             )
-            continue
-        assert run.summary is not None
-        outcomes.append(
-            UploadOutcome(
-                run_id=run.id,
-                status=200,
-                state=RunState(run.state),
-                prompts_stored=run.summary["prompts"],
-            )
-        )
     return ResultsBatchStored(outcomes=outcomes)
 
 

@@ -72,13 +72,19 @@ def refresh_sweep_state(session: Session, sweep_id: int) -> None:
     move(session, "sweep", sweep, target, reason)
 
 
-# One round trip: the sweep's state, and whether any of its runs has yet to end.
-_SWEEP_STATE_AND_RUN_LEFT = select(
-    Sweep.state,
-    exists()
-    .where(Run.sweep_id == Sweep.id, Run.state.not_in(list(TERMINAL_RUN_STATES)))
-    .label("run_left"),
-).where(Sweep.id == bindparam("sweep_id"))
+# One round trip: the sweeps' states, and whether any of each one's runs has yet to end.
+_SWEEP_STATES_AND_RUN_LEFT = (
+    select(
+        Sweep.id,
+        Sweep.state,
+        exists()
+        .where(Run.sweep_id == Sweep.id, Run.state.not_in(list(TERMINAL_RUN_STATES)))
+        .label("run_left"),
+    )
+    .where(Sweep.id.in_(bindparam("sweep_ids", expanding=True)))
+    .order_by(Sweep.id)
+)
+_SETTLING_KEY = "sweeps to settle"
 
 
 def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
@@ -87,19 +93,25 @@ def settle_sweep_after_commit(session: Session, sweep_id: int) -> None:
     Every claim and upload used to lock the sweep row, so all devices of a sweep queued on it.
     Checked after the commit, the last of two concurrently finishing runs always sees both
     (its check starts after its own commit, which follows or precedes the other's check), so
-    the lock is taken only when the state actually changes."""
+    the lock is taken only when the state actually changes. The sweeps of a transaction (a
+    batch of uploads) are checked together, in one statement."""
+    sweeps: set[int] = set()
+    if follow_up_after_commit(
+        session, lambda follow_up: _settle_sweeps(follow_up, sweeps), once=_SETTLING_KEY
+    ):
+        session.info[_SETTLING_KEY] = sweeps  # this transaction's; a rollback starts anew
+    session.info[_SETTLING_KEY].add(sweep_id)
 
-    def settle(follow_up: Session) -> None:
-        found = follow_up.execute(_SWEEP_STATE_AND_RUN_LEFT, {"sweep_id": sweep_id}).one_or_none()
-        if found is None:
-            return
-        state, run_left = found
+
+def _settle_sweeps(follow_up: Session, sweeps: set[int]) -> None:
+    sweep_ids = sorted(sweeps)
+    found = follow_up.execute(_SWEEP_STATES_AND_RUN_LEFT, {"sweep_ids": sweep_ids}).all()
+    for sweep_id, state, run_left in found:
         if state == SweepState.running and run_left:
-            return  # a run is left, so it stays running: no need to read all of its runs
+            continue  # a run is left, so it stays running: no need to read all of its runs
         if _sweep_target(follow_up, sweep_id)[0] != state:
             refresh_sweep_state(follow_up, sweep_id)
-
-    follow_up_after_commit(session, settle, once=("settle sweep", sweep_id))
+            follow_up.commit()  # one sweep's row lock at a time
 
 
 def refresh_sweeps_of_build(session: Session, build_id: int) -> None:
@@ -315,17 +327,56 @@ def fail_unassignable(session: Session, run: Run, reason: str) -> None:
     _requeue_or_fail(session, run, reason, 0)
 
 
-def record_results(session: Session, run_id: int, agent_id: int, result: RunResult) -> Run:
-    """Idempotent per (run, prompt) while the run runs; once it has ended its results are
-    immutable: the same upload again is answered as stored, a different one is refused."""
-    # One round trip for the run (locked), its sweep's spec and the device the results name.
-    found = session.execute(
-        select(Run, Sweep.spec, Device)
+_ForResults = tuple[Run, dict[str, Any], Device | None]
+
+
+def runs_for_results(
+    session: Session, uploads: Sequence[tuple[int, str]]
+) -> dict[int, _ForResults]:
+    """For a batch of (run, device the results name) uploads: each run (locked, in id order),
+    its sweep's spec and the device, in two statements rather than one per run."""
+    named = dict(uploads)
+    rows = session.execute(
+        select(Run, Sweep.spec)
         .join(Sweep, Sweep.id == Run.sweep_id)
-        .outerjoin(Device, Device.udid == result.device_udid)
-        .where(Run.id == run_id)
+        .where(Run.id.in_(sorted(named)))
+        .order_by(Run.id)
         .with_for_update(of=Run)
-    ).one_or_none()
+    ).tuples()
+    found = list(rows)
+    devices = {
+        device.udid: device
+        for device in session.scalars(select(Device).where(Device.udid.in_(set(named.values()))))
+    }
+    return {run.id: (run, spec, devices.get(named[run.id])) for run, spec in found}
+
+
+def record_results(
+    session: Session,
+    run_id: int,
+    agent_id: int,
+    result: RunResult,
+    batch: dict[int, _ForResults] | None = None,
+) -> Run:
+    """Idempotent per (run, prompt) while the run runs; once it has ended its results are
+    immutable: the same upload again is answered as stored, a different one is refused.
+    ``batch``: what `runs_for_results` read for a batch of uploads this one belongs to."""
+    found: _ForResults | None
+    if batch is not None:
+        found = batch.get(run_id)
+    else:
+        # One round trip for the run (locked), its sweep's spec and the device the results name.
+        found = (
+            session.execute(
+                select(Run, Sweep.spec, Device)
+                .join(Sweep, Sweep.id == Run.sweep_id)
+                .outerjoin(Device, Device.udid == result.device_udid)
+                .where(Run.id == run_id)
+                .with_for_update(of=Run)
+            )
+            .tuples()
+            .one_or_none()
+        )
     if found is None:
         raise NotFound(f"no run {run_id}")
     run, spec, device = found
