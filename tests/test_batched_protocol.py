@@ -379,25 +379,15 @@ def test_batched_claims_and_heartbeats_over_the_same_devices_never_deadlock(
 
 def test_a_batch_whose_answer_is_lost_gets_the_same_runs_when_retried(stack) -> None:
     """A real server process; the first batch's answer is dropped between server and agent."""
-    from tests.test_scheduling import DroppingProxy
+    from tests.test_scheduling import lost_then_retried
 
     tokens = stack.tokens
     with httpx.Client(base_url=stack.server_url, timeout=30) as direct:
         submit(direct, tokens["user"], tokens["worker"], repetitions=2)  # 4 runs
         register(direct, tokens["agent"], 3)
-    proxy = DroppingProxy(stack.port)
     body = {"claims": [{"device_udid": u, "claim_key": k} for u, k in keyed(3)]}
-    headers = {**bearer(tokens["agent"]), "Connection": "close"}
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", timeout=10) as agent:
-            with pytest.raises(httpx.TransportError):
-                agent.post("/api/v1/agents/claims", json=body, headers=headers)
-            held = query("SELECT device_udid, id FROM runs WHERE state = 'running'")
-            assert len(held) == 3  # the server did claim, and nobody has the runs yet
-            proxy.drop = False
-            retried = agent.post("/api/v1/agents/claims", json=body, headers=headers)
-    finally:
-        proxy.close()
+    held, retried = lost_then_retried(stack, "/api/v1/agents/claims", body)
+    assert len(held) == 3  # the server did claim, and nobody had the runs before the retry
     assert {udid: run["run_id"] for udid, run in given(retried).items()} == dict(held)
     assert query("SELECT count(*) FROM runs WHERE state = 'running'") == [(3,)]
     claimed = query(
@@ -423,3 +413,24 @@ def test_a_results_batch_ending_two_sweeps_completes_both(
         "SELECT count(*) FROM transitions WHERE entity = 'sweep' AND to_state = 'completed'"
     )
     assert finished == [(2,)]
+
+
+def test_a_held_entry_is_left_to_its_run_by_the_backlog_delivery(tmp_path) -> None:
+    """A device delivering the backlog before its claim must not send, alone, the entry a run
+    has just handed to a batch; once released (its batch failed, say) it is backlog again."""
+    import threading
+
+    from agent.outbox import Outbox
+    from decodebench.contracts.protocol import RunResult
+
+    outbox = Outbox(tmp_path / "outbox")
+    result = RunResult.model_validate(result_for(range(3), 40.0, udid="SIM-0000"))
+    held = outbox.put(7, result, hold=True)
+    old = outbox.put(8, result)  # left by an earlier process
+    sent: list[int] = []
+    stop = threading.Event()
+    assert outbox.deliver(lambda run_id, _: sent.append(run_id), stop)
+    assert sent == [8] and held.exists() and not old.exists()
+    outbox.release(held)
+    assert outbox.deliver(lambda run_id, _: sent.append(run_id), stop)
+    assert sent == [8, 7] and not outbox.pending()

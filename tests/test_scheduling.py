@@ -194,29 +194,36 @@ def _read_message(connection: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def lost_then_retried(stack, path: str, body: dict) -> tuple[list, httpx.Response]:
+    """``body`` posted through a proxy that drops the server's answer, then again with the
+    answer let through: the (device, run) pairs running between the two, and the second answer."""
+    proxy = DroppingProxy(stack.port)
+    headers = {**bearer(stack.tokens["agent"]), "Connection": "close"}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", timeout=10) as agent:
+            with pytest.raises(httpx.TransportError):
+                agent.post(path, json=body, headers=headers)
+            held = query("SELECT device_udid, id FROM runs WHERE state = 'running' ORDER BY id")
+            proxy.drop = False
+            retried = agent.post(path, json=body, headers=headers)
+    finally:
+        proxy.close()
+    return held, retried
+
+
 def test_a_claim_whose_answer_is_lost_gets_the_same_run_when_retried(stack) -> None:
     """A real server process; the first claim's answer is dropped between server and agent."""
     tokens = stack.tokens
     with httpx.Client(base_url=stack.server_url, timeout=30) as direct:
         sweep_id = submit(direct, tokens["user"], tokens["worker"])
         register(direct, tokens["agent"], 1)
-    proxy = DroppingProxy(stack.port)
     body = {"device_udid": "SIM-0000", "claim_key": "lost-answer-0001"}
-    headers = {**bearer(tokens["agent"]), "Connection": "close"}
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", timeout=10) as agent:
-            with pytest.raises(httpx.TransportError):
-                agent.post("/api/v1/agents/claim", json=body, headers=headers)
-            # the server did claim a run for the device, and nobody has it yet
-            held = query("SELECT id FROM runs WHERE state = 'running'")
-            assert len(held) == 1
-            proxy.drop = False
-            retried = agent.post("/api/v1/agents/claim", json=body, headers=headers)
-    finally:
-        proxy.close()
+    held, retried = lost_then_retried(stack, "/api/v1/agents/claim", body)
+    # the server did claim a run for the device, and nobody had it before the retry
+    assert len(held) == 1
     assert retried.status_code == 200, retried.text
     run = retried.json()["run"]
-    assert (run["run_id"], run["sweep_id"]) == (held[0][0], sweep_id)
+    assert (run["run_id"], run["sweep_id"]) == (held[0][1], sweep_id)
     assert query("SELECT count(*) FROM runs WHERE state = 'running'") == [(1,)]
     claims = query(
         "SELECT count(*) FROM transitions WHERE entity = 'run' AND reason LIKE 'claimed for %'"
