@@ -126,6 +126,11 @@ def upload(run_id: int, udid: str, prompts: range = range(3)) -> dict:
     return {"run_id": run_id, "result": result_for(prompts, 40.0, udid=udid)}
 
 
+def _with_nan(body: dict) -> dict:
+    body["result"]["prompts"][0]["decode_tok_s"] = float("nan")  # json.dumps writes NaN
+    return body
+
+
 def test_a_batch_of_results_stores_each_run_and_refuses_each_bad_one_alone(
     api, user_token, worker_token, agent_token
 ) -> None:
@@ -184,6 +189,7 @@ def test_a_changed_result_for_an_ended_run_is_refused_in_a_batch(
         ([upload(1, "SIM-0000"), upload(1, "SIM-0000")], "appears twice"),
         ([upload(1, "SIM-0000") for _ in range(201)], "uploads"),
         ([{"run_id": 1, "result": {"prompts": "none"}}], "result"),
+        ([_with_nan(upload(1, "SIM-0000"))], "finite"),
     ],
 )
 def test_a_malformed_results_batch_is_refused_whole(api, agent_token, uploads, named) -> None:
