@@ -293,7 +293,8 @@ def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -
     client = DecodebenchClient(stack.server_url, tokens["agent"])
 
     async def claim_all() -> tuple[dict[str, int], int]:
-        batcher = ClaimBatcher(client.claims, asyncio.Event(), poll_interval_s=1.0)
+        # gathering long enough that a loaded machine still sends them together
+        batcher = ClaimBatcher(client.claims, asyncio.Event(), poll_interval_s=1.0, gather_s=0.5)
         answers = await asyncio.gather(*(batcher.claim(f"SIM-{i:04d}", 5) for i in range(devices)))
         await batcher.close()
         runs = {}
@@ -306,7 +307,7 @@ def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -
     assert len(set(runs.values())) == devices and claim_requests <= 2
     outbox = Outbox(tmp_path / "outbox")
     stop = threading.Event()
-    uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, stop)
+    uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, stop, gather_s=0.5)
     entries = [
         outbox.put(
             run_id, RunResult.model_validate(result_for(range(3), 40.0, udid=udid)), hold=True
