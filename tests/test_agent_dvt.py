@@ -54,6 +54,23 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
             "every broken phone has failed a run",
             state=lambda: sweep_state(running.client, running.sweep_id),
         )
+        # The server hears of a failure a moment before the agent holds the phone: wait for
+        # the agent's inventory to show every broken phone held.
+        held = {
+            refused.udid: DDI_NOT_MOUNTED,
+            untrusted.udid: PROFILE_UNTRUSTED,
+            tunnel_drops.udid: NO_TUNNEL,
+            killed.udid: KILLED_BY_IOS,
+        }
+        wait_until(
+            lambda: all(
+                info.status == held[info.udid]
+                for info in running.agent.inventory()
+                if info.udid in held
+            ),
+            "the agent holds every broken phone",
+            timeout_s=10,
+        )
         inventory = {info.udid: info for info in running.agent.inventory()}
         largest, unknown = largest_queued_model(running.settings, stack.tokens["user"])
         fleet.usbmuxd.attach(ios16.udid)
@@ -84,13 +101,7 @@ def test_dvt_faults_fail_their_runs_and_the_sweep_completes_on_ios_16_and_18(
     per_run = query("SELECT run_id, count(*) AS n FROM prompt_results GROUP BY run_id")
     assert sorted(row.n for row in per_run) == [PROMPTS, PROMPTS]
     # each broken phone is held, not ready, with its fix in the inventory sent to the server
-    expected = {
-        refused.udid: DDI_NOT_MOUNTED,
-        untrusted.udid: PROFILE_UNTRUSTED,
-        tunnel_drops.udid: NO_TUNNEL,
-        killed.udid: KILLED_BY_IOS,
-    }
-    for udid, status in expected.items():
+    for udid, status in held.items():
         assert statuses[udid][0] == status, statuses
         fixes = {check.name: check.fix for check in inventory[udid].failed_checks}
         assert fixes.get(status), inventory[udid]

@@ -28,7 +28,7 @@ from pymobiledevice3.services.dvt.instruments.process_control import (
     ProcessControlService,
 )
 
-from agent.drivers.ios_errors import launch_refusal, no_tunnel
+from agent.drivers.ios_errors import CONNECTION_LOST, launch_refusal, no_tunnel
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,13 @@ class DvtLauncher:
         try:
             async with DvtProvider(provider) as dvt:
                 return await action(dvt)
+        except CONNECTION_LOST:
+            if provider is not lockdown:
+                # The tunnel may have dropped between tunneld's answer and the request: said as
+                # such (no_tunnel, with its fix), not as a connection lost.
+                still = await self._provider(lockdown)
+                await still.close()  # type: ignore[attr-defined]
+            raise
         finally:
             if provider is not lockdown:
                 await provider.close()  # type: ignore[attr-defined]
