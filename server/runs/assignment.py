@@ -19,29 +19,34 @@ from server.runs import service as runs
 from server.runs.prompts import prompts_of
 
 logger = logging.getLogger(__name__)
+_Assigned = tuple[Build, Sweep, SweepVariant]
+
+
+def _runs_builds(session: Session, run_ids: Sequence[int]) -> dict[int, _Assigned]:
+    """Each run's build, sweep and variant, in one round trip for any number of runs."""
+    return {
+        run_id: (build, sweep, variant)
+        for run_id, build, sweep, variant in session.execute(
+            select(Run.id, Build, Sweep, SweepVariant)
+            .join(SweepVariant, SweepVariant.id == Run.sweep_variant_id)
+            .join(Sweep, Sweep.id == SweepVariant.sweep_id)
+            .join(Build, Build.id == Run.build_id)
+            .where(Run.id.in_(run_ids))
+        ).tuples()
+    }
 
 
 def assignment_for(
     session: Session,
     run: Run,
     settings: Settings,
-    found: tuple[Build, Sweep, SweepVariant] | None = None,
+    found: _Assigned | None = None,
     reports: dict[int, BuildReport | None] | None = None,
 ) -> RunAssignment:
     """The run's assignment; ``found`` (its build, sweep and variant) and ``reports`` (parsed
     reports by build) when a batch has read them already."""
     if found is None:
-        # The run's build, sweep and variant in one round trip (three lookups before).
-        found = (
-            session.execute(
-                select(Build, Sweep, SweepVariant)
-                .join(Sweep, Sweep.id == SweepVariant.sweep_id)
-                .join(Build, Build.id == run.build_id)
-                .where(SweepVariant.id == run.sweep_variant_id)
-            )
-            .tuples()
-            .one()
-        )
+        found = _runs_builds(session, [run.id])[run.id]
     build, sweep, variant = found
     if reports is None:
         reports = {}
@@ -128,16 +133,7 @@ def claim_assignments(
     )
     if not taken:
         return {}, waiting
-    by_run = {
-        run_id: (build, sweep, variant)
-        for run_id, build, sweep, variant in session.execute(
-            select(Run.id, Build, Sweep, SweepVariant)
-            .join(SweepVariant, SweepVariant.id == Run.sweep_variant_id)
-            .join(Sweep, Sweep.id == SweepVariant.sweep_id)
-            .join(Build, Build.id == Run.build_id)
-            .where(Run.id.in_([run.id for run in taken.values()]))
-        ).tuples()
-    }
+    by_run = _runs_builds(session, [run.id for run in taken.values()])
     reports: dict[int, BuildReport | None] = {}
     assignments: dict[str, RunAssignment] = {}
     for udid, run in taken.items():

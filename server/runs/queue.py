@@ -112,16 +112,6 @@ def ranked_shares(
     return [Share(row[0], int(row[1]), float(row[2]), row[3], row[4]) for row in rows]
 
 
-def ranked_sweeps(
-    session: Session, device_class: str, aging_s: float, project_id: int | None = None
-) -> list[int]:
-    """Sweeps to take a run from, best first; only ``project_id``'s for a pinned device."""
-    return [
-        share.sweep_id
-        for share in ranked_shares(session, device_class, aging_s, project_id, MAX_SWEEPS_TRIED)
-    ]
-
-
 def take_from_sweep(
     session: Session, sweep_id: int, device_class: str, device_udid: str
 ) -> Run | None:
@@ -165,8 +155,9 @@ class BatchShares:
     ) -> None:
         self.session = session
         self.device_class = device_class
+        # A single claim tries MAX_SWEEPS_TRIED sweeps; each further device, one more.
         self.shares = ranked_shares(
-            session, device_class, aging_s, project_id, MAX_SWEEPS_TRIED + devices
+            session, device_class, aging_s, project_id, MAX_SWEEPS_TRIED + devices - 1
         )
 
     def take(self, device_udid: str, now: datetime) -> Run | None:
@@ -178,18 +169,3 @@ class BatchShares:
                 return run
             self.shares.remove(best)  # nothing left to take there (or all being taken)
         return None
-
-
-def take_next_run(
-    session: Session,
-    device_class: str,
-    device_udid: str,
-    aging_s: float,
-    project_id: int | None = None,
-) -> Run | None:
-    """Lock the next run for this device (SKIP LOCKED), or None when nothing is claimable."""
-    for sweep_id in ranked_sweeps(session, device_class, aging_s, project_id):
-        run = take_from_sweep(session, sweep_id, device_class, device_udid)
-        if run is not None:
-            return run
-    return None

@@ -27,7 +27,7 @@ from server.models import (
     Sweep,
     SweepState,
 )
-from server.runs.queue import BatchShares, take_next_run
+from server.runs.queue import BatchShares
 from server.transitions import move
 
 
@@ -159,37 +159,29 @@ def claim_run(
     aging_s: float = 300.0,
 ) -> tuple[Run | None, str]:
     """The device's next run under a lease, or None; and the device's class (what an idle
-    device's long poll waits on). Touches only the device's row (locked, so one device's claims
-    run one after the other: a retry waits for the claim it repeats) and the runs it reads or
-    takes (SKIP LOCKED): no row every device waits on."""
-    device = session.scalar(select(Device).where(Device.udid == device_udid).with_for_update())
-    if device is None or device.agent_id != agent_id:
-        raise NotFound(f"device {device_udid} is not registered to this agent")
-    now = datetime.now(UTC)
-    held = session.scalars(
-        select(Run)
-        .where(Run.device_udid == device_udid, Run.state == RunState.running)
-        .with_for_update()
-    ).all()
-    again = _held_or_given_up(
-        session, device, held, agent_id, claim_key, lease_seconds, now, max_attempts
+    device's long poll waits on): a batch of one (`claim_runs`), except that a claim without a
+    key is allowed (and refused while the device holds a run). Touches only the device's row
+    (locked, so one device's claims run one after the other: a retry waits for the claim it
+    repeats) and the runs it reads or takes (SKIP LOCKED): no row every device waits on."""
+    given, waiting = claim_runs(
+        session,
+        agent_id,
+        [(device_udid, claim_key)],
+        lease_seconds,
+        max_attempts=max_attempts,
+        aging_s=aging_s,
     )
-    if again is not None:
-        return again, device.device_class
-    # A device pinned to a project takes only that project's runs (server/tenancy.py).
-    taken = take_next_run(
-        session, device.device_class, device_udid, aging_s, project_id=device.project_id
-    )
-    if taken is None:
-        return None, device.device_class
-    _lease(session, taken, agent_id, device_udid, claim_key, lease_seconds, now)
-    return taken, device.device_class
+    run = given.get(device_udid)
+    if run is None:
+        (device_class,) = waiting  # a device left without a run: its class waits
+        return None, device_class
+    return run, run.device_class
 
 
 def claim_runs(
     session: Session,
     agent_id: int,
-    claims: Sequence[tuple[str, str]],
+    claims: Sequence[tuple[str, str | None]],
     lease_seconds: int,
     *,
     max_attempts: int = 3,
