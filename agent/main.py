@@ -384,9 +384,6 @@ class Agent:
         return gated
 
     async def _device_loop(self, slot: DeviceSlot) -> None:
-        await self._serve_device(slot)
-
-    async def _serve_device(self, slot: DeviceSlot) -> None:
         udid = slot.info.udid
         while not self.stop.is_set() and slot.connected:
             info = await self._blocking(self._check_health, slot)

@@ -142,16 +142,25 @@ class Outbox:
             return
         try:
             upload(run_id, result)
-            log.info("outbox: delivered the results of run %d", run_id)
+            refusal = None
         except ApiError as error:
             if error.status_code >= 500 or error.status_code == 429:
                 raise
-            log.error(
-                "outbox: the server refused the results of run %d for good: %s", run_id, error
-            )
-            self.refused[entry] = error
-        entry.unlink()
+            refusal = error
+        self.settled(entry, run_id, refusal)
         _fsync_directory(self.directory)
+
+    def settled(self, entry: Path, run_id: int, refusal: ApiError | None) -> None:
+        """The server has ``entry`` (``refusal`` None) or refused it for good: it leaves the
+        outbox, a refusal kept for its run's executor. The caller fsyncs the directory."""
+        if refusal is None:
+            log.info("outbox: delivered the results of run %d", run_id)
+        else:
+            log.error(
+                "outbox: the server refused the results of run %d for good: %s", run_id, refusal
+            )
+            self.refused[entry] = refusal
+        entry.unlink(missing_ok=True)
 
 
 class BatchedUploads:
@@ -288,16 +297,8 @@ class BatchedUploads:
             outcome = outcomes.get(_run_id(entry))
             if outcome is None:
                 continue  # not answered: delivered alone
-            if outcome.status != 200:
-                log.error(
-                    "outbox: the server refused the results of run %d for good: %s",
-                    outcome.run_id,
-                    outcome.detail,
-                )
-                self.outbox.refused[entry] = ApiError(outcome.status, outcome.detail)
-            else:
-                log.info("outbox: delivered the results of run %d", outcome.run_id)
-            entry.unlink(missing_ok=True)
+            refusal = None if outcome.status == 200 else ApiError(outcome.status, outcome.detail)
+            self.outbox.settled(entry, outcome.run_id, refusal)
             done.append(answer)
         if done:
             _fsync_directory(self.outbox.directory)

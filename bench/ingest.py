@@ -11,7 +11,8 @@ uploading its devices' `RunResult`s, all of a run's prompts in one request:
 1. **offered load**: all clients together offer `--rate` results/s (2,200: a tenth above the
    2,000/s goal, so a server that keeps up shows more than the goal once the phase's ramp-up and
    tail are counted), each client its share at a steady pace, staggered. Latency counts from
-   when an upload was due, so a server that falls behind is charged for the queue it causes. These are the level's top figures.
+   when an upload was due, so a server that falls behind is charged for the queue it causes.
+   These are the level's top figures.
 2. **back to back** (`"back_to_back"`): the same clients send their next runs without pause,
    which measures capacity; with N clients always waiting, the mean latency is N divided by the
    throughput (Little's law), whatever the server does.

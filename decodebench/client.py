@@ -77,15 +77,6 @@ def _answer(response: httpx.Response) -> Any:
     return response.json()
 
 
-def _claim_body(device_udid: str, claim_key: str | None, wait_seconds: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"device_udid": device_udid}
-    if claim_key is not None:
-        body["claim_key"] = claim_key
-    if wait_seconds:
-        body["wait_seconds"] = wait_seconds
-    return body
-
-
 class DecodebenchClient:
     def __init__(
         self, base_url: str, token: str, timeout: float = 30.0, max_connections: int = 100
@@ -173,7 +164,11 @@ class DecodebenchClient:
     ) -> ClaimResponse:
         """``claim_key``: send the same one again when retrying a claim whose answer was lost;
         ``wait_seconds``: long poll, answered as soon as a run is claimable."""
-        body = _claim_body(device_udid, claim_key, wait_seconds)
+        body: dict[str, Any] = {"device_udid": device_udid}
+        if claim_key is not None:
+            body["claim_key"] = claim_key
+        if wait_seconds:
+            body["wait_seconds"] = wait_seconds
         return ClaimResponse.model_validate(self._request("POST", "/agents/claim", json=body))
 
     def renew_lease(self, run_id: int) -> LeaseRenewal:
@@ -317,7 +312,7 @@ class DecodebenchClient:
 
 class AsyncClaims:
     """Claims over asyncio on one kept connection (`DecodebenchClient.claims`); an async context
-    manager. One request at a time: a device's claim, or a batch of an agent's devices."""
+    manager. One request at a time: a batch of an agent's devices' claims."""
 
     def __init__(
         self, base_url: str, headers: dict[str, str], timeout: float, tls: ssl.SSLContext
@@ -337,14 +332,6 @@ class AsyncClaims:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._http.aclose()
-
-    async def claim_run(
-        self, device_udid: str, claim_key: str | None = None, wait_seconds: int = 0
-    ) -> ClaimResponse:
-        """As `DecodebenchClient.claim_run`."""
-        body = _claim_body(device_udid, claim_key, wait_seconds)
-        response = await self._http.post(API + "/agents/claim", json=body)
-        return ClaimResponse.model_validate(_answer(response))
 
     async def claim_runs(
         self, claims: Sequence[tuple[str, str]], wait_seconds: int = 0

@@ -6,8 +6,9 @@ and the iOS harness writes `results.json` in the `RunResult` shape.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
@@ -18,6 +19,7 @@ from decodebench.contracts.names import DeviceStatus, Driver, RunState
 from decodebench.profiles import DeviceProfile
 
 PROTOCOL_VERSION = 1
+_Key = TypeVar("_Key", bound=Hashable)
 # No phone decodes a billion tokens a second: a rate above this is a corrupt figure, and two of
 # them must still add up to a finite mean.
 MAX_RATE = 1e9
@@ -189,14 +191,21 @@ class ClaimsRequest(Incoming):
 
     @model_validator(mode="after")
     def _one_claim_per_device(self) -> ClaimsRequest:
-        seen: set[str] = set()
-        for index, claim in enumerate(self.claims):
-            if claim.device_udid in seen:
-                raise ValueError(
-                    f"claims.{index}: device {claim.device_udid} is claimed twice in one request"
-                )
-            seen.add(claim.device_udid)
+        repeat = _first_repeat(claim.device_udid for claim in self.claims)
+        if repeat is not None:
+            index, udid = repeat
+            raise ValueError(f"claims.{index}: device {udid} is claimed twice in one request")
         return self
+
+
+def _first_repeat(values: Iterable[_Key]) -> tuple[int, _Key] | None:
+    """The index and value of the first value seen before, if any."""
+    seen: set[_Key] = set()
+    for index, value in enumerate(values):
+        if value in seen:
+            return index, value
+        seen.add(value)
+    return None
 
 
 class DeviceRun(Contract):
@@ -329,11 +338,10 @@ class ResultsBatch(Incoming):
 
     @model_validator(mode="after")
     def _one_upload_per_run(self) -> ResultsBatch:
-        seen: set[int] = set()
-        for index, upload in enumerate(self.uploads):
-            if upload.run_id in seen:
-                raise ValueError(f"uploads.{index}: run {upload.run_id} appears twice")
-            seen.add(upload.run_id)
+        repeat = _first_repeat(upload.run_id for upload in self.uploads)
+        if repeat is not None:
+            index, run_id = repeat
+            raise ValueError(f"uploads.{index}: run {run_id} appears twice")
         return self
 
 
