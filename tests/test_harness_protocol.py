@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from decodebench.contracts.protocol import PromptResult, RunResult
-from decodebench.devices.emulated.timing import RooflineClock, RunNoise, TimingParameters
 from decodebench.devices.harness import (
     DoneMarker,
     HarnessJob,
@@ -17,6 +16,7 @@ from decodebench.devices.harness import (
     run_prompts,
 )
 from decodebench.profiles import IPHONE_16_PRO
+from decodebench.timing import RooflineClock, RunNoise, TimingParameters
 
 
 class ScriptedEngine:

@@ -20,7 +20,7 @@ from decodebench.contracts.protocol import DeviceInfo, RunAssignment
 from decodebench.devices.emulated.ddi import write_ddi_folder
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.emulated.timing import TimingParameters
+from decodebench.timing import TimingParameters
 
 DRIVER_NAME = Driver.emulated
 

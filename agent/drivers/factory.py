@@ -7,7 +7,7 @@ import dataclasses
 from agent.config import AgentSettings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.simulated import SimulatedDriver
-from decodebench.devices.emulated.timing import TimingParameters
+from decodebench.timing import TimingParameters
 
 
 def build_driver(settings: AgentSettings) -> DeviceDriver:

@@ -33,13 +33,6 @@ from decodebench.devices.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL
 from decodebench.devices.emulated.faults import FaultKind
 from decodebench.devices.emulated.reference import ReferenceCache
 from decodebench.devices.emulated.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
-from decodebench.devices.emulated.timing import (
-    RooflineClock,
-    RunNoise,
-    TimingParameters,
-    TokenSource,
-    prompt_seed,
-)
 from decodebench.devices.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -60,6 +53,13 @@ from decodebench.devices.harness import (
 )
 from decodebench.mil.program import MilError
 from decodebench.profiles import DeviceProfile, get_profile
+from decodebench.timing import (
+    RooflineClock,
+    RunNoise,
+    TimingParameters,
+    TokenSource,
+    prompt_seed,
+)
 
 if TYPE_CHECKING:
     from decodebench.devices.emulated.device import AppProcess, EmulatedDevice

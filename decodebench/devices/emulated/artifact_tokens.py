@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from decodebench.devices.emulated.timing import TokenSource
 from decodebench.mil.inputs import recognise
 from decodebench.mil.interpreter import Interpreter
 from decodebench.mil.program import MilError, load_package
 from decodebench.mil.verify import DecodeSession
+from decodebench.timing import TokenSource
 
 # "auto" interprets packages up to this size (tiny-gqa, 7 MiB, takes about 0.2 s a step on a
 # 2-core host); larger ones run without token ids rather than for hours.

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from decodebench.devices.emulated.faults import Condition, FaultKind, FaultPlan
 from decodebench.devices.emulated.pairing import DeviceKeys, HostIdentity, pair_record
-from decodebench.devices.emulated.timing import TimingParameters
 from decodebench.profiles import DeviceProfile, get_profile
+from decodebench.timing import TimingParameters
 
 if TYPE_CHECKING:
     from decodebench.devices.emulated.tunnel import DeviceTunnel

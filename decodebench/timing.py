@@ -1,4 +1,4 @@
-"""The timing model of a fake iPhone: a memory-bound roofline plus a device-like noise model.
+"""The timing model of a stand-in iPhone: a memory-bound roofline plus a device-like noise model.
 
 A step of the decode model costs `bytes_per_token / effective bandwidth` of the device profile
 (decode is memory-bound; see decodebench.profiles), times the noise of the profile's
@@ -11,7 +11,8 @@ A step of the decode model costs `bytes_per_token / effective bandwidth` of the 
 - per-token log-normal jitter, and rare stalls (a token 5-20x slower).
 
 `TimingParameters.noise_scale` multiplies every spread, slow-down and the stall rate; 0 leaves
-the bare roofline. Used by the simulated driver (agent) and the emulated iPhone.
+the bare roofline. Its one owner for the simulated driver (agent), the emulated iPhone
+(`emulator`) and the judge's simulated sweeps (`decodebench.judging.simulation`).
 """
 
 from __future__ import annotations
