@@ -32,7 +32,7 @@ from agent.drivers.ios_syslog import syslog_lines
 from decodebench.devices.emulated.device import EmulatedDevice
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.harness import HARNESS_BUNDLE_ID
+from decodebench.harness import HARNESS_BUNDLE_ID
 
 
 @pytest.fixture

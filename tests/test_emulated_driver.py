@@ -27,7 +27,7 @@ from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
+from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
 from decodebench.profiles import IPHONE_17_PRO
 from decodebench.timing import TimingParameters
 

@@ -32,7 +32,7 @@ from decodebench.devices.emulated.device import EmulatedDevice
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
 from decodebench.devices.emulated.nskeyed import NSError, archive, unarchive
-from decodebench.devices.harness import HARNESS_BUNDLE_ID, JOB_FILE
+from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE
 
 IOS16 = "ios=16.7.10"
 

@@ -26,7 +26,7 @@ from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.harness import (
+from decodebench.harness import (
     DONE_MARKER,
     HARNESS_BUNDLE_ID,
     JOB_FILE,

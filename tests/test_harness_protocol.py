@@ -1,11 +1,11 @@
-"""The decode sweep protocol every harness follows (decodebench.devices.harness), on a scripted engine."""
+"""The decode sweep protocol every harness follows (decodebench.harness), on a scripted engine."""
 
 from __future__ import annotations
 
 import pytest
 
 from decodebench.contracts.protocol import PromptResult, RunResult
-from decodebench.devices.harness import (
+from decodebench.harness import (
     DoneMarker,
     HarnessJob,
     HarnessPrompt,

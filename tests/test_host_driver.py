@@ -14,7 +14,7 @@ from agent.drivers.host import HostDriver, HostRoofline
 from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunAssignment, RunResult
-from decodebench.devices.harness import HarnessJob
+from decodebench.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 128

@@ -4,7 +4,7 @@ Not an iPhone and not Core ML: the artifact's ``.mlpackage`` is unpacked and dec
 :class:`decodebench.devices.host_decode.HostEngine`, its weights at their stored precision (int8 and
 int4 on PyTorch's weight-packed CPU kernels, palettes decompressed block by block, fp16 as
 fp16), stepped through the same decode sweep protocol as the iOS harness
-(`decodebench.devices.harness`), with wall-clock timings. Its greedy tokens are the MIL reference
+(`decodebench.harness`), with wall-clock timings. Its greedy tokens are the MIL reference
 interpreter's for the same package. Results say `driver="host"`, `simulated=False`.
 
 - load: cold = loading the package and packing its weights the first time, warm = again once
@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
 from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
 from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
-from decodebench.devices.harness import MonotonicClock, run_prompt, warm_up
 from decodebench.devices.host_decode import HostEngine
 from decodebench.devices.host_memory import (
     StreamBandwidth,
@@ -43,6 +42,7 @@ from decodebench.devices.host_memory import (
     reset_peak_rss,
     stream_bandwidth,
 )
+from decodebench.harness import MonotonicClock, run_prompt, warm_up
 
 log = logging.getLogger(__name__)
 

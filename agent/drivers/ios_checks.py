@@ -32,7 +32,7 @@ from agent.drivers.ios_errors import (
 )
 from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, ThermalState
-from decodebench.devices.harness import HARNESS_PROTOCOL_VERSION
+from decodebench.harness import HARNESS_PROTOCOL_VERSION
 
 # Core ML compiles the pushed .mlpackage into an .mlmodelc next to it: room for both.
 SPACE_FACTOR = 2

@@ -1,4 +1,4 @@
-"""The harness app's Documents directory, over house_arrest/AFC (see decodebench.devices.harness).
+"""The harness app's Documents directory, over house_arrest/AFC (see decodebench.harness).
 
 Plain async functions on an open `HouseArrestService` (vended with VendDocuments), so the
 driver only decides *when*; what goes where on the phone is here.
@@ -13,7 +13,7 @@ from pymobiledevice3.services.house_arrest import HouseArrestService
 
 from agent.artifacts import directory_bytes
 from agent.drivers.base import DriverError
-from decodebench.devices.harness import (
+from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
     HARNESS_LOG,

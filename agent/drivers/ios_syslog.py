@@ -10,7 +10,7 @@ from typing import Any
 from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.syslog import SyslogService
 
-from decodebench.devices.harness import HARNESS_PROCESS_NAME
+from decodebench.harness import HARNESS_PROCESS_NAME
 
 CHUNK = 4096
 LINE_END = b"\n\x00"

@@ -49,7 +49,7 @@ from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
 from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
-from decodebench.devices.harness import (
+from decodebench.harness import (
     HARNESS_LOG,
     JOB_FILE,
     RESULTS_FILE,

@@ -7,7 +7,7 @@ why), check the pushed package, run warm-up and every prompt through a step engi
 of the device's profile (virtual time); greedy tokens come from the pushed package run by the
 MIL interpreter (``decodebench.devices.emulated.artifact_tokens``) when it is small enough, or from the
 source the device is set to. Around the steps it measures what the phone's harness measures, by
-the same definitions (``decodebench.devices.harness``): the footprint sampled after every step (a
+the same definitions (``decodebench.harness``): the footprint sampled after every step (a
 stated model: runtime + weights + KV cache), the compile peak apart, the thermal state after
 every prompt and a bounded wait for nominal, and an ``interrupt`` fault makes the app leave the
 foreground mid-run (``ok: false``, reason ``interrupted``). After the computation the app
@@ -33,7 +33,7 @@ from decodebench.devices.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL
 from decodebench.devices.emulated.faults import FaultKind
 from decodebench.devices.emulated.reference import ReferenceCache
 from decodebench.devices.emulated.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
-from decodebench.devices.harness import (
+from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
     HARNESS_LOG,

@@ -10,7 +10,7 @@ import plistlib
 import zipfile
 from pathlib import Path
 
-from decodebench.devices.harness import (
+from decodebench.harness import (
     HARNESS_BUNDLE_ID,
     HARNESS_PROCESS_NAME,
     HARNESS_PROTOCOL_VERSION,

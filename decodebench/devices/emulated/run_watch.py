@@ -1,6 +1,6 @@
 """What the emulated harness watches around the timed steps, by the phone's definitions.
 
-The same quantities as ``ios_harness`` (``decodebench.devices.harness``), from stated models instead of
+The same quantities as ``ios_harness`` (``decodebench.harness``), from stated models instead of
 ``task_info`` and ``ProcessInfo``:
 
 - memory: the footprint sampled after every step of the timed prompts is runtime overhead +
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from decodebench.contracts.protocol import PromptResult, ThermalState
 from decodebench.devices.emulated.faults import FaultKind
 from decodebench.devices.emulated.reference import resolve_config
-from decodebench.devices.harness import HarnessJob, RunInterrupted
+from decodebench.harness import HarnessJob, RunInterrupted
 
 if TYPE_CHECKING:
     from decodebench.devices.emulated.device import EmulatedDevice
@@ -76,7 +76,7 @@ def thermal_wait_ms(state: ThermalState, limit_s: float) -> float:
 
 
 class EmulatedObserver:
-    """decodebench.devices.harness.SweepObserver for the emulated harness."""
+    """decodebench.harness.SweepObserver for the emulated harness."""
 
     def __init__(self, device: EmulatedDevice, job: HarnessJob, footprint: Footprint) -> None:
         self._device = device
