@@ -52,7 +52,7 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             host, _, port = settings.tunneld_address.rpartition(":")
             options = dataclasses.replace(options, tunneld_address=(host, int(port)))
         return Pymobiledevice3Driver(options, DvtLauncher(options.tunneld_address))
-    from agent.drivers.host import HostDriver
+    from agent.drivers.host.driver import HostDriver
 
     return HostDriver(
         settings.work_dir / "host",

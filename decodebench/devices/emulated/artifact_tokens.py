@@ -7,7 +7,7 @@ Both KV layouts the builder makes are driven:
 - ``kv="state"``: the cache is the program's states (``decodebench.mil.verify.DecodeSession``);
 - ``kv="input"``: the cache arrays are held here and passed as inputs ``key_cache_{i}`` /
   ``value_cache_{i}``; each step's outputs ``key_{i}`` / ``value_{i}`` are written at its
-  position, as ``agent/drivers/host.py`` and the Swift harness do, and the mask shows slots
+  position, as ``agent/drivers/host/driver.py`` and the Swift harness do, and the mask shows slots
   ``0 .. position-1`` (the new token is attended inside the graph; ``decodebench.modeling``).
 
 A non-finite logit is an error naming the step, never a silent argmax.

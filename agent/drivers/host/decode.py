@@ -2,7 +2,7 @@
 
 The program is the package's own (loaded by :func:`decodebench.mil.program.load_package`) and
 runs in the reference interpreter, except that every ``linear`` over a package constant runs on
-:mod:`decodebench.devices.host_kernels`, whose weights stay int8, packed int4, palettized or fp16 as
+:mod:`agent.drivers.host.kernels`, whose weights stay int8, packed int4, palettized or fp16 as
 stored: the ``constexpr_*`` ops that fed them are never decompressed into a full copy. What is
 left to the interpreter (attention over the KV-cache states, norms, the embedding gather) is
 the same code the interpreter runs, so the greedy tokens are the interpreter's.
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from decodebench.devices.host_kernels import PackedLinear, pack_linear
+from agent.drivers.host.kernels import PackedLinear, pack_linear
 from decodebench.mil.inputs import recognise
 from decodebench.mil.interpreter import Interpreter
 from decodebench.mil.program import MilError, load_package

@@ -1,7 +1,7 @@
 """The host as a device: the built package's own program on this CPU, timed for real.
 
 Not an iPhone and not Core ML: the artifact's ``.mlpackage`` is unpacked and decoded by
-:class:`decodebench.devices.host_decode.HostEngine`, its weights at their stored precision (int8 and
+:class:`agent.drivers.host.decode.HostEngine`, its weights at their stored precision (int8 and
 int4 on PyTorch's weight-packed CPU kernels, palettes decompressed block by block, fp16 as
 fp16), stepped through the same decode sweep protocol as the iOS harness
 (`decodebench.harness`), with wall-clock timings. Its greedy tokens are the MIL reference
@@ -33,15 +33,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
-from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
-from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
-from decodebench.devices.host_decode import HostEngine
-from decodebench.devices.host_memory import (
+from agent.drivers.host.decode import HostEngine
+from agent.drivers.host.memory import (
     StreamBandwidth,
     peak_rss_bytes,
     reset_peak_rss,
     stream_bandwidth,
 )
+from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
+from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
 from decodebench.harness import MonotonicClock, run_prompt, warm_up
 
 log = logging.getLogger(__name__)
