@@ -1,7 +1,7 @@
 """The decode sweep protocol: the job a harness receives, how it runs it, and what it writes back.
 
 One protocol, three implementations: the iOS harness (Swift, ``ios_harness/``), the emulated
-iPhone's launcher (``decodebench.devices.emulated``) and the agent's host driver. Each drives a
+iPhone's launcher (``emulator``) and the agent's host driver. Each drives a
 *step engine*: the converted models take one token per call (``input_ids`` [1, 1], the KV cache
 in state, or with ``kv="input"`` in arrays the harness holds and writes each step's new K/V
 into), so prefill is the prompt fed one token at a time.

@@ -219,7 +219,7 @@ class RooflineClock:
 
 class TokenSource:
     """Something that knows the model's greedy tokens; `lock` is held for a whole run, since
-    its KV cache is state (see `decodebench.devices.emulated.reference`, `decodebench.devices.emulated.app`)."""
+    its KV cache is state (see `emulator.reference`, `emulator.app`)."""
 
     source = "a token source"
     lock: threading.Lock

@@ -27,12 +27,12 @@ from agent.drivers.ios_checks import CheckContext, device_checks
 from agent.drivers.ios_ddi import ensure_mounted, is_mounted
 from agent.drivers.ios_errors import DDI_NOT_MOUNTED, NO_TUNNEL, PROFILE_UNTRUSTED
 from agent.drivers.launchers import DvtLauncher
-from decodebench.devices.emulated import ddi
-from decodebench.devices.emulated.device import EmulatedDevice
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.emulated.nskeyed import NSError, archive, unarchive
 from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE
+from emulator import ddi
+from emulator.device import EmulatedDevice
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
+from emulator.nskeyed import NSError, archive, unarchive
 
 IOS16 = "ios=16.7.10"
 

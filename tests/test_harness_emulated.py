@@ -15,10 +15,6 @@ import pytest
 
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunResult, ThermalState
-from decodebench.devices.emulated.app import HarnessLog, LaunchRefused, launch_app, run_harness
-from decodebench.devices.emulated.device import AppRecord, EmulatedDevice
-from decodebench.devices.emulated.faults import Condition
-from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -32,6 +28,10 @@ from decodebench.harness import (
     package_path,
 )
 from decodebench.presets import TINY_GQA
+from emulator.app import HarnessLog, LaunchRefused, launch_app, run_harness
+from emulator.device import AppRecord, EmulatedDevice
+from emulator.faults import Condition
+from emulator.fleet import EmulatedFleet
 
 SHA = "cd" * 32
 CONTEXT = 128

@@ -24,8 +24,6 @@ from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
 from decodebench.harness import (
     DONE_MARKER,
     HARNESS_BUNDLE_ID,
@@ -33,6 +31,8 @@ from decodebench.harness import (
     DoneMarker,
     FailureReason,
 )
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
 

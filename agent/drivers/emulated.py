@@ -17,10 +17,10 @@ from agent.drivers.launchers import DvtLauncher
 from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment
-from decodebench.devices.emulated.ddi import write_ddi_folder
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
 from decodebench.timing import TimingParameters
+from emulator.ddi import write_ddi_folder
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
 
 DRIVER_NAME = Driver.emulated
 

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from decodebench.devices.emulated.device import EmulatedDevice
-from decodebench.devices.emulated.wire import (
+from emulator.device import EmulatedDevice
+from emulator.lockdown import serve_port
+from emulator.wire import (
     USBMUX_PLIST_MESSAGE,
     read_usbmux_packet,
     usbmux_plist_packet,
@@ -246,7 +247,7 @@ class EmulatedUsbmuxd:
                 reply(_result(RESULT_OK))
                 await writer.drain()
                 self._clients.discard(writer)
-                await target.serve(port, reader, writer)
+                await serve_port(target, port, reader, writer)
                 return True
         elif kind == "ReadPairRecord":
             paired = self.devices.get(str(request.get("PairRecordID", "")))

@@ -1,12 +1,12 @@
 """Serve emulated iPhones on a fake usbmuxd until interrupted.
 
-    python -m decodebench.devices.emulated --devices iphone-16-pro,iphone-17-pro --listen 127.0.0.1:27015
+    python -m emulator --devices iphone-16-pro,iphone-17-pro --listen 127.0.0.1:27015
     USBMUXD_SOCKET_ADDRESS=127.0.0.1:27015 pymobiledevice3 usbmux list
 
 Any usbmux client works against it (pymobiledevice3's CLI included), and so does the agent's
 `--driver pymobiledevice3 --usbmux-address 127.0.0.1:27015 --tunneld-address 127.0.0.1:PORT`
 (the emulated tunneld's port is printed; `--tunneld-port` fixes it) with a `--ddi-folder` made by
-`decodebench.devices.emulated.ddi.write_ddi_folder`.
+`emulator.ddi.write_ddi_folder`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import signal
 import threading
 from pathlib import Path
 
-from decodebench.devices.emulated.fleet import EmulatedFleet
+from emulator.fleet import EmulatedFleet
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m decodebench.devices.emulated",
+        prog="python -m emulator",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="INDEX=SPEC",
-        help="e.g. 0=disconnect-mid-push, 1=locked (see decodebench.devices.emulated.faults)",
+        help="e.g. 0=disconnect-mid-push, 1=locked (see emulator.faults)",
     )
     parser.add_argument(
         "--root", type=Path, help="device file systems (default: a temporary directory)"

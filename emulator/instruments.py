@@ -22,7 +22,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from decodebench.devices.emulated.dtx import (
+from emulator.dtx import (
     Int32,
     Message,
     MessageType,
@@ -31,10 +31,10 @@ from decodebench.devices.emulated.dtx import (
     read_message,
     reply_to,
 )
-from decodebench.devices.emulated.nskeyed import NSError
+from emulator.nskeyed import NSError
 
 if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import AppProcess, EmulatedDevice
+    from emulator.device import AppProcess, EmulatedDevice
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ class InstrumentsConnection:
     def _launch(
         self, bundle_id: str, environment: dict[str, Any], arguments: list[Any], options: Any
     ) -> Any:
-        from decodebench.devices.emulated.app import LaunchRefused, launch_app
-        from decodebench.devices.emulated.faults import FaultKind
+        from emulator.app import LaunchRefused, launch_app
+        from emulator.faults import FaultKind
 
         device = self.device
         if not device.condition.profile_trusted:

@@ -20,14 +20,14 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from decodebench.devices.emulated.afc import AfcServer
-from decodebench.devices.emulated.device import AppRecord, ServiceHandler
-from decodebench.devices.emulated.instruments import LOCKDOWN_SERVICE, serve_instruments_tls
-from decodebench.devices.emulated.mounter import serve_image_mounter
-from decodebench.devices.emulated.wire import read_plist, write_plist
+from emulator.afc import AfcServer
+from emulator.device import AppRecord, ServiceHandler
+from emulator.instruments import LOCKDOWN_SERVICE, serve_instruments_tls
+from emulator.mounter import serve_image_mounter
+from emulator.wire import read_plist, write_plist
 
 if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import EmulatedDevice
+    from emulator.device import EmulatedDevice
 
 SYSLOG_LINE_END = b"\n\x00"
 

@@ -13,19 +13,15 @@ import asyncio
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from decodebench.devices.emulated import ddi
-from decodebench.devices.emulated.faults import FaultKind
-from decodebench.devices.emulated.wire import read_plist, write_plist
+from emulator import ddi
+from emulator.faults import FaultKind
+from emulator.wire import read_plist, write_plist
 
 if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import EmulatedDevice
+    from emulator.device import EmulatedDevice
 
 MAX_IMAGE_BYTES = 64 * 2**20
 MOUNT_PATHS = {"Developer": "/Developer", "Personalized": "/System/Developer"}
-
-
-def image_type(device: EmulatedDevice) -> str:
-    return "Personalized" if device.major_version >= 17 else "Developer"
 
 
 async def serve_image_mounter(
@@ -103,8 +99,8 @@ def _mount(
         return failed("Developer mode is not enabled.")
     if device.mounted_image is not None:
         return failed(f"A {device.mounted_image} image is already mounted")
-    if kind != image_type(device):
-        return failed(f"iOS {device.identity.product_version} mounts {image_type(device)} images")
+    if kind != device.image_type:
+        return failed(f"iOS {device.identity.product_version} mounts {device.image_type} images")
     if kind not in uploaded or uploaded[kind][1] != signature:
         return failed("no image was received for this signature")
     image = uploaded[kind][0]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from decodebench.devices.emulated import nskeyed
-from decodebench.devices.emulated.wire import ProtocolViolation
+from emulator import nskeyed
+from emulator.wire import ProtocolViolation
 
 MAGIC = 0x1F3D5B79
 FRAGMENT_HEADER = struct.Struct("<IIHHIIIiI")

@@ -5,7 +5,7 @@ out-of-bounds job, or one of another protocol version, still ends with a done ma
 why), check the pushed package, run warm-up and every prompt through a step engine, write
 ``results.json`` atomically and then the ``done`` marker. The step engine is the roofline clock
 of the device's profile (virtual time); greedy tokens come from the pushed package run by the
-MIL interpreter (``decodebench.devices.emulated.artifact_tokens``) when it is small enough, or from the
+MIL interpreter (``emulator.artifact_tokens``) when it is small enough, or from the
 source the device is set to. Around the steps it measures what the phone's harness measures, by
 the same definitions (``decodebench.harness``): the footprint sampled after every step (a
 stated model: runtime + weights + KV cache), the compile peak apart, the thermal state after
@@ -29,10 +29,6 @@ from pydantic import ValidationError
 
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import RunResult
-from decodebench.devices.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
-from decodebench.devices.emulated.faults import FaultKind
-from decodebench.devices.emulated.reference import ReferenceCache
-from decodebench.devices.emulated.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -60,9 +56,13 @@ from decodebench.timing import (
     TokenSource,
     prompt_seed,
 )
+from emulator.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
+from emulator.faults import FaultKind
+from emulator.reference import ReferenceCache
+from emulator.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
 
 if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import AppProcess, EmulatedDevice
+    from emulator.device import AppProcess, EmulatedDevice
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from decodebench.contracts.protocol import PromptResult, ThermalState
-from decodebench.devices.emulated.faults import FaultKind
-from decodebench.devices.emulated.reference import resolve_config
 from decodebench.harness import HarnessJob, RunInterrupted
+from emulator.faults import FaultKind
+from emulator.reference import resolve_config
 
 if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import EmulatedDevice
+    from emulator.device import EmulatedDevice
 
 FP16_BYTES = 2
 

@@ -18,16 +18,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from decodebench.devices.emulated.faults import Condition, FaultKind, FaultPlan
-from decodebench.devices.emulated.pairing import DeviceKeys, HostIdentity, pair_record
 from decodebench.profiles import DeviceProfile, get_profile
 from decodebench.timing import TimingParameters
-
-if TYPE_CHECKING:
-    from decodebench.devices.emulated.tunnel import DeviceTunnel
-    from decodebench.devices.emulated.usbmuxd import EmulatedUsbmuxd
+from emulator import ddi
+from emulator.faults import Condition, FaultKind, FaultPlan
+from emulator.pairing import DeviceKeys, HostIdentity, pair_record
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +41,25 @@ CHIP_IDS = {"iphone-16-pro": 0x8140, "iphone-17-pro": 0x8150}
 ServiceHandler = Callable[
     ["EmulatedDevice", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 ]
+
+
+class Cable(Protocol):
+    """What the device is plugged into (the emulated usbmuxd): it can pull the device's cable."""
+
+    def detach_now(self, device: EmulatedDevice, reattach_after_s: float | None) -> None: ...
+
+
+class Tunnel(Protocol):
+    """The device's end of an iOS 17+ tunnel (`emulator.tunnel.DeviceTunnel`)."""
+
+    rsd_port: int
+
+    @property
+    def up(self) -> bool: ...
+
+    async def open(self) -> None: ...
+
+    def drop(self) -> None: ...
 
 
 class DeviceDetached(Exception):
@@ -186,14 +202,11 @@ class EmulatedDevice:
         self.mounted_image: str | None = None
         self.mounted_signature = b""
         if self.condition.ddi_mounted:
-            from decodebench.devices.emulated import ddi
-            from decodebench.devices.emulated.mounter import image_type
-
-            self.mounted_image = image_type(self)
+            self.mounted_image = self.image_type
             self.mounted_signature = ddi.signature(b"mounted before the emulator started")
         self.attached = False
-        self.usbmuxd: EmulatedUsbmuxd | None = None
-        self.tunnel: DeviceTunnel | None = None  # iOS 17+: set by the fleet
+        self.usbmuxd: Cable | None = None  # set by the usbmuxd the device is added to
+        self.tunnel: Tunnel | None = None  # iOS 17+: set by the fleet
         self._writers: set[asyncio.StreamWriter] = set()
         self._services: dict[int, str] = {}
         self._next_port = FIRST_SERVICE_PORT
@@ -207,6 +220,11 @@ class EmulatedDevice:
     @property
     def major_version(self) -> int:
         return int(self.identity.product_version.split(".")[0])
+
+    @property
+    def image_type(self) -> str:
+        """The kind of developer disk image this iOS version mounts."""
+        return "Personalized" if self.major_version >= 17 else "Developer"
 
     def __repr__(self) -> str:
         return f"<EmulatedDevice {self.identity.device_class} {self.udid}>"
@@ -263,20 +281,18 @@ class EmulatedDevice:
     def accepts(self, port: int) -> bool:
         return port == LOCKDOWN_PORT or port in self._services
 
-    async def serve(
-        self, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        """Serve a usbmux connection to `port`; False when nothing listens there."""
-        from decodebench.devices.emulated.lockdown import serve_lockdown
-        from decodebench.devices.emulated.services import SERVICES
+    def take_service(self, port: int) -> str | None:
+        """The service lockdown started on `port` (one connection each), or None."""
+        return self._services.pop(port, None)
 
-        handler: ServiceHandler
-        if port == LOCKDOWN_PORT:
-            handler = serve_lockdown
-        elif port in self._services:
-            handler = SERVICES[self._services.pop(port)]
-        else:
-            return False
+    async def serve(
+        self,
+        port: int,
+        handler: ServiceHandler,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Run `handler` on a connection to `port`, which `drop_connections` breaks."""
         self._writers.add(writer)
         try:
             await handler(self, reader, writer)
@@ -287,7 +303,6 @@ class EmulatedDevice:
         finally:
             self._writers.discard(writer)
             writer.transport.abort()
-        return True
 
     def drop_connections(self) -> None:
         for writer in list(self._writers):

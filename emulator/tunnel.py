@@ -23,11 +23,11 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from decodebench.devices.emulated import xpc
-from decodebench.devices.emulated.instruments import RSD_SERVICE, serve_instruments
+from emulator import xpc
+from emulator.instruments import RSD_SERVICE, serve_instruments
 
 if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import EmulatedDevice
+    from emulator.device import EmulatedDevice
 
 log = logging.getLogger(__name__)
 

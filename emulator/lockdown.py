@@ -4,27 +4,42 @@ The least a host needs: ``QueryType``, ``GetValue`` (whole domain or one key), `
 with the HostID of a pair record the device knows (then the session switches to TLS, served
 with the device certificate), ``StopSession`` and ``StartService``. ``Pair`` answers that the
 trust dialog is pending: emulated devices are paired (or not) by their condition, not by a host.
+`serve_port` is where a usbmux connection lands: lockdownd, or a service it started.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from decodebench.devices.emulated.wire import read_plist, write_plist
-
-if TYPE_CHECKING:
-    from decodebench.devices.emulated.device import EmulatedDevice
+from emulator.device import LOCKDOWN_PORT, EmulatedDevice, ServiceHandler
+from emulator.services import SERVICES, needs_developer_image, uses_tls
+from emulator.wire import read_plist, write_plist
 
 LOCKDOWN_TYPE = "com.apple.mobile.lockdown"
+
+
+async def serve_port(
+    device: EmulatedDevice, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> bool:
+    """Serve a usbmux connection to `port` of `device`: lockdownd, or the service lockdown
+    started there; False when nothing listens there."""
+    handler: ServiceHandler
+    if port == LOCKDOWN_PORT:
+        handler = serve_lockdown
+    else:
+        service = device.take_service(port)
+        if service is None:
+            return False
+        handler = SERVICES[service]
+    await device.serve(port, handler, reader, writer)
+    return True
 
 
 async def serve_lockdown(
     device: EmulatedDevice, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    from decodebench.devices.emulated.services import SERVICES, needs_developer_image, uses_tls
-
     session_id: str | None = None
     while True:
         request = await read_plist(reader)

@@ -12,7 +12,7 @@ hot); a *fault* fires on an event of a run, a number of times:
 - ``ddi-mount-refused``: the image mounter refuses to mount the developer disk image;
 - ``tunnel-drop``: the iOS 17+ tunnel goes away when the harness is launched.
 - ``interrupt``: the harness leaves the foreground mid-run (an app switch, a call): it abandons
-  the run with ``ok: false``, reason ``interrupted`` (``decodebench.devices.emulated.run_watch``).
+  the run with ``ok: false``, reason ``interrupted`` (``emulator.run_watch``).
 
 Standing conditions: ``locked``, ``developer-mode-off``, ``not-paired``, ``untrusted-profile``
 (the harness's developer profile is not trusted: DVT launches are denied), ``ddi-mounted`` (the

@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from decodebench.devices.emulated.device import EmulatedDevice, Identity
-from decodebench.devices.emulated.faults import Condition, FaultPlan, apply_spec
-from decodebench.devices.emulated.pairing import HostIdentity
-from decodebench.devices.emulated.tunnel import DeviceTunnel, EmulatedTunneld
-from decodebench.devices.emulated.usbmuxd import EmulatedUsbmuxd
+from emulator.device import EmulatedDevice, Identity
+from emulator.faults import Condition, FaultPlan, apply_spec
+from emulator.pairing import HostIdentity
+from emulator.tunnel import DeviceTunnel, EmulatedTunneld
+from emulator.usbmuxd import EmulatedUsbmuxd
 
 # Build versions for the iOS versions a spec may ask for (``ios=16.7.10``).
 BUILD_VERSIONS = {"16": "20H350", "17": "21H420", "18": "22G100", "26": "23A355"}

@@ -15,7 +15,7 @@ import struct
 import uuid
 from typing import Any
 
-from decodebench.devices.emulated.wire import ProtocolViolation
+from emulator.wire import ProtocolViolation
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER = struct.Struct(">HBBBI")  # length as 16 + 8 bits, type, flags, stream id
