@@ -28,7 +28,7 @@ from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
 from pymobiledevice3.services.syslog import SyslogService
 
-from agent.drivers.ios_syslog import syslog_lines
+from agent.drivers.ios.syslog import syslog_lines
 from decodebench.harness import HARNESS_BUNDLE_ID
 from emulator.device import EmulatedDevice
 from emulator.fleet import EmulatedFleet

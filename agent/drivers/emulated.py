@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.drivers.launchers import DvtLauncher
-from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+from agent.drivers.ios.driver import IosDriverOptions, Pymobiledevice3Driver
+from agent.drivers.ios.launchers import DvtLauncher
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment
 from decodebench.timing import TimingParameters

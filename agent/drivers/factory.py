@@ -37,8 +37,8 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             poll_interval_s=min(settings.poll_interval_s, 0.5),
         )
     if settings.driver == "pymobiledevice3":
-        from agent.drivers.launchers import DvtLauncher
-        from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+        from agent.drivers.ios.driver import IosDriverOptions, Pymobiledevice3Driver
+        from agent.drivers.ios.launchers import DvtLauncher
 
         options = IosDriverOptions(
             work_dir=settings.work_dir / "ios",

@@ -19,9 +19,9 @@ from pymobiledevice3.lockdown import LockdownClient, create_using_usbmux
 
 from agent.drivers.aio import LoopThread
 from agent.drivers.base import DriverError
-from agent.drivers.ios_device import DeviceRecord, IosDriverOptions, UnknownDevice, device_info
-from agent.drivers.ios_errors import CONNECTION_LOST, DISCONNECTED
-from agent.drivers.usbmux_watch import UsbmuxWatcher
+from agent.drivers.ios.device import DeviceRecord, IosDriverOptions, UnknownDevice, device_info
+from agent.drivers.ios.errors import CONNECTION_LOST, DISCONNECTED
+from agent.drivers.ios.usbmux_watch import UsbmuxWatcher
 from decodebench.contracts.protocol import DeviceInfo
 
 log = logging.getLogger(__name__)

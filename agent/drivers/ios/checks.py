@@ -20,8 +20,8 @@ from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
 
-from agent.drivers.ios_ddi import classic_image, is_mounted, personalized_image
-from agent.drivers.ios_errors import (
+from agent.drivers.ios.ddi import classic_image, is_mounted, personalized_image
+from agent.drivers.ios.errors import (
     DDI_NOT_MOUNTED,
     DEVELOPER_MODE_OFF,
     FIXES,

@@ -4,15 +4,15 @@
   device's identity (ProductType → device class, ProductVersion).
 - Health: pairing, developer mode, battery and charging from lockdown; "locked" when lockdown
   refuses to start a service for a passcode.
-- Install: installation_proxy installs the harness .ipa when missing or of another version; the
-  build's .mlpackage goes over house_arrest/AFC into the app's Documents
+- Install: installation_proxy installs the harness .ipa when missing or of another version
+  (`install`); the build's .mlpackage goes over house_arrest/AFC into the app's Documents
   (`models/<sha256>/model.mlpackage`, then a `complete` marker), once per artifact.
 - Prepare: the developer disk image is mounted from the operator's folder when it is not.
 - A run: push job.json, launch (a `Launcher`: DVT), poll for the `done` marker,
   pull results.json (checked against the marker's digest); the harness's syslog lines are
   captured for the run's log.
 
-Every pymobiledevice3 failure becomes a `DriverError` with a reason (see `ios_errors`).
+Every pymobiledevice3 failure becomes a `DriverError` with a reason (see `errors`).
 """
 
 from __future__ import annotations
@@ -28,25 +28,25 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from pymobiledevice3.lockdown import LockdownClient
 from pymobiledevice3.services.house_arrest import HouseArrestService
-from pymobiledevice3.services.installation_proxy import InstallationProxyService
 
 from agent.artifacts import PackageCache, directory_bytes
-from agent.drivers import ios_container as container
 from agent.drivers.aio import LoopThread
 from agent.drivers.base import Cancellation, DriverError, InstalledModel, RunCancelled
-from agent.drivers.ios_checks import (
+from agent.drivers.ios import container
+from agent.drivers.ios.checks import (
     CheckContext,
     battery_values,
     device_checks,
     profile_check,
     status_of,
 )
-from agent.drivers.ios_ddi import ensure_mounted
-from agent.drivers.ios_device import DeviceRecord, IosDriverOptions, ipa_version
-from agent.drivers.ios_discovery import DeviceDirectory
-from agent.drivers.ios_errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchError, device_error
-from agent.drivers.ios_syslog import start_capture
-from agent.drivers.launchers import Launcher
+from agent.drivers.ios.ddi import ensure_mounted
+from agent.drivers.ios.device import DeviceRecord, IosDriverOptions, ipa_version
+from agent.drivers.ios.discovery import DeviceDirectory
+from agent.drivers.ios.errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchError, device_error
+from agent.drivers.ios.install import ensure_harness
+from agent.drivers.ios.launchers import Launcher
+from agent.drivers.ios.syslog import start_capture
 from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
 from decodebench.harness import (
@@ -151,7 +151,7 @@ class Pymobiledevice3Driver:
         largest_model_bytes: int | None,
         thermal_state: ThermalState = ThermalState.unknown,
     ) -> list[DeviceCheck]:
-        """Every precondition of `device` (see ios_checks); DriverError when it is unreachable."""
+        """Every precondition of `device` (see checks); DriverError when it is unreachable."""
         context = CheckContext(
             bundle_id=self.options.bundle_id,
             ipa_version=self._ipa,
@@ -205,31 +205,8 @@ class Pymobiledevice3Driver:
         )
 
     async def _ensure_harness(self, lockdown: LockdownClient) -> None:
-        bundle_id = self.options.bundle_id
-        async with InstallationProxyService(lockdown) as proxy:
-            apps = await proxy.get_apps(application_type="User", bundle_identifiers=[bundle_id])
-        installed = apps.get(bundle_id)
-        installed_version = (
-            None
-            if installed is None
-            else (
-                bundle_id,
-                str(installed.get("CFBundleShortVersionString")),
-                str(installed.get("CFBundleVersion")),
-            )
-        )
-        if installed is not None and (self._ipa is None or installed_version == self._ipa):
-            return
-        if self.options.harness_ipa is None:
-            raise DriverError(
-                f"the harness app {bundle_id} is not installed on device {lockdown.udid} and the "
-                "agent has no --harness-ipa to install (build it from ios_harness/)"
-            )
-        log.info(
-            "device %s: installing %s (%s)", lockdown.udid, self.options.harness_ipa.name, self._ipa
-        )
-        async with InstallationProxyService(lockdown) as proxy:
-            await proxy.install_from_local(self.options.harness_ipa)
+        options = self.options
+        await ensure_harness(lockdown, options.bundle_id, options.harness_ipa, self._ipa)
 
     async def _push_model(
         self, lockdown: LockdownClient, record: DeviceRecord, sha256: str, package: Path

@@ -29,7 +29,7 @@ from pymobiledevice3.services.mobile_image_mounter import (
     PersonalizedImageMounter,
 )
 
-from agent.drivers.ios_errors import ddi_error
+from agent.drivers.ios.errors import ddi_error
 
 PERSONALIZED_FROM = Version("17.0")
 

@@ -28,7 +28,7 @@ from pymobiledevice3.services.dvt.instruments.process_control import (
     ProcessControlService,
 )
 
-from agent.drivers.ios_errors import CONNECTION_LOST, launch_refusal, no_tunnel
+from agent.drivers.ios.errors import CONNECTION_LOST, launch_refusal, no_tunnel
 
 log = logging.getLogger(__name__)
 

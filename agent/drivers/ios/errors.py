@@ -30,7 +30,7 @@ from pymobiledevice3.exceptions import (
 )
 
 from agent.drivers.base import DriverError
-from agent.drivers.ios_fixes import (  # noqa: F401  (statuses are re-exported)
+from agent.drivers.fixes import (  # noqa: F401  (statuses are re-exported)
     DDI_HINT,
     DDI_NOT_MOUNTED,
     DEVELOPER_MODE_HINT,
