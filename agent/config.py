@@ -40,7 +40,7 @@ from agent.drivers.simulated import SimulatedDevice
 from agent.health import HealthPolicy
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import MAX_CLAIM_WAIT_S
-from decodebench.devices.harness import HARNESS_BUNDLE_ID
+from decodebench.harness import HARNESS_BUNDLE_ID
 from decodebench.profiles import DEVICE_PROFILES, get_profile
 
 ENV_PREFIX = "DECODEBENCH_AGENT_"

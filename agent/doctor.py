@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _examine(driver: object, settings: AgentSettings, queue_token: str | None) -> int:
-    from agent.drivers.pymobiledevice3 import Pymobiledevice3Driver
+    from agent.drivers.ios.driver import Pymobiledevice3Driver
 
     assert isinstance(driver, Pymobiledevice3Driver)
     devices = driver.discover()

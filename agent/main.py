@@ -37,7 +37,7 @@ from agent.batching import ClaimBatcher
 from agent.config import AgentSettings, parse_settings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.factory import build_driver
-from agent.drivers.ios_fixes import with_status_fix
+from agent.drivers.fixes import with_status_fix
 from agent.health import BUSY, READY, DeviceHealth, gate
 from agent.outbox import Outbox
 from agent.registration import (

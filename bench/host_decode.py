@@ -1,7 +1,7 @@
 """Decode tok/s of repeat_kv against folded attention on this CPU, measured in one run.
 
 The PyTorch reference decoder (decodebench.modeling, fp32, seeded random weights) is stepped
-through the same decode protocol as the iOS harness (decodebench.devices.harness.run_prompt): prefill
+through the same decode protocol as the iOS harness (decodebench.harness.run_prompt): prefill
 a few prompt tokens one at a time, then decode greedily; the rate is over pure decode steps.
 repeat_kv replicates every KV head G times over the *whole* context buffer on every step (the
 `tile` of the Core ML graph); folded reshapes the query instead. Both layouts compute the same
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from decodebench.contracts.domain import Attention, VariantSpec  # noqa: E402
-from decodebench.devices.emulated.reference import TorchStepEngine, parameter_estimate  # noqa: E402
-from decodebench.devices.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up  # noqa: E402
+from decodebench.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up  # noqa: E402
 from decodebench.presets import get_preset  # noqa: E402
 from decodebench.prompts import builtin_prompts  # noqa: E402
+from emulator.reference import TorchStepEngine, parameter_estimate  # noqa: E402
 
 LAYOUTS = (Attention.repeat_kv, Attention.folded)
 INTERLEAVE_BELOW_PARAMETERS = 100_000_000

@@ -3,10 +3,10 @@
 One model (default: qwen2.5-0.5b cut to 2 layers, seeded weights, context 256) is built in
 fp16, w8, w4 and base, each with repeat_kv and folded attention; every package is decoded on the
 host at its stored precision, in interleaved rounds (--rounds, median of each variant's
-medians; decodebench.devices.host_decode: the package's program, its linears on
+medians; agent.drivers.host.decode: the package's program, its linears on
 PyTorch's fp16/int8/int4 CPU kernels or decompressed per block). The host profile is measured
 in the same run (STREAM copy/triad, each kernel kind's byte rate on a synthetic matrix); the
-step-time models of decodebench.devices.host_profile are fitted on half the variants and predict the
+step-time models of agent.drivers.host.profile are fitted on half the variants and predict the
 other half. An error is |predicted / measured - 1| over the held-out variants.
 
     python bench/host_roofline.py --json
@@ -25,11 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from decodebench.building.build import build_variant  # noqa: E402
-from decodebench.contracts.domain import VariantSpec  # noqa: E402
-from decodebench.devices.host_decode import HostEngine  # noqa: E402
-from decodebench.devices.host_memory import stream_bandwidth  # noqa: E402
-from decodebench.devices.host_profile import (  # noqa: E402
+from agent.drivers.host.decode import HostEngine  # noqa: E402
+from agent.drivers.host.memory import stream_bandwidth  # noqa: E402
+from agent.drivers.host.profile import (  # noqa: E402
     HostProfile,
     StepFeatures,
     abs_errors,
@@ -39,6 +37,8 @@ from decodebench.devices.host_profile import (  # noqa: E402
     predict,
     roofline_seconds,
 )
+from decodebench.building.build import build_variant  # noqa: E402
+from decodebench.contracts.domain import VariantSpec  # noqa: E402
 
 QUANTS = ("fp16", "w8", "w4", "base")
 ATTENTIONS = ("repeat_kv", "folded")

@@ -27,7 +27,6 @@ import time
 
 import numpy as np
 
-from decodebench.devices.emulated.timing import TimingParameters
 from decodebench.judging.nightly import (
     DetectionSettings,
     Direction,
@@ -38,6 +37,7 @@ from decodebench.judging.nightly import (
 )
 from decodebench.judging.simulation import SimulatedDesign, nightly_value
 from decodebench.profiles import IPHONE_17_PRO
+from decodebench.timing import TimingParameters
 
 BYTES_PER_TOKEN = 1_400_000_000
 STEPS = (0.02, 0.05, 0.10)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decodebench.devices.emulated.device import Identity
+from emulator.device import Identity
 
 AGENT_NAME = "doctor-lab"
 BROKEN = [

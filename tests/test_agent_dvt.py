@@ -16,9 +16,9 @@ import pytest
 from stack import Stack
 
 from agent.doctor import largest_queued_model
-from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
+from agent.drivers.fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
 from decodebench.client import DecodebenchClient
-from decodebench.devices.emulated.fleet import EmulatedFleet
+from emulator.fleet import EmulatedFleet
 from tests import test_agent_emulated as emulated
 from tests.conftest import table_counts
 from tests.test_agent_emulated import (

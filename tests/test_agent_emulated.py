@@ -24,7 +24,7 @@ from agent.drivers.emulated import driver_for_fleet
 from agent.main import Agent
 from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
-from decodebench.devices.emulated.fleet import EmulatedFleet
+from emulator.fleet import EmulatedFleet
 from tests.conftest import started_stack, table_counts
 
 pytestmark = pytest.mark.slow

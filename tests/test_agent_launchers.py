@@ -21,7 +21,7 @@ from pymobiledevice3.exceptions import (
 )
 
 from agent.drivers.base import DriverError
-from agent.drivers.ios_errors import LaunchError, device_error, launch_refusal
+from agent.drivers.ios.errors import LaunchError, device_error, launch_refusal
 
 UDID = "00008150-000306C8D8A3C31F"
 

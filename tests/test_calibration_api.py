@@ -216,7 +216,7 @@ def test_simulated_devices_time_with_the_calibrated_profile(
     from agent.drivers.simulated import SimulatedDevice, simulate_run
     from agent.runner import build_job
     from decodebench.contracts.protocol import RunAssignment
-    from decodebench.devices.emulated.timing import TimingParameters
+    from decodebench.timing import TimingParameters
 
     fitted = calibrate(api, user_token)
     again = api.post("/api/v1/sweeps", json={**SWEEP, "variants": SWEEP["variants"][:1]},

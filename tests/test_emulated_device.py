@@ -28,11 +28,11 @@ from pymobiledevice3.services.house_arrest import HouseArrestService
 from pymobiledevice3.services.installation_proxy import InstallationProxyService
 from pymobiledevice3.services.syslog import SyslogService
 
-from agent.drivers.ios_syslog import syslog_lines
-from decodebench.devices.emulated.device import EmulatedDevice
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.harness import HARNESS_BUNDLE_ID
+from agent.drivers.ios.syslog import syslog_lines
+from decodebench.harness import HARNESS_BUNDLE_ID
+from emulator.device import EmulatedDevice
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
 
 
 @pytest.fixture

@@ -25,11 +25,11 @@ from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.emulated.timing import TimingParameters
-from decodebench.devices.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
+from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
 from decodebench.profiles import IPHONE_17_PRO
+from decodebench.timing import TimingParameters
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
 

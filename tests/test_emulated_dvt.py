@@ -23,16 +23,16 @@ from pymobiledevice3.services.installation_proxy import InstallationProxyService
 from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
 
 from agent.drivers.base import DriverError
-from agent.drivers.ios_checks import CheckContext, device_checks
-from agent.drivers.ios_ddi import ensure_mounted, is_mounted
-from agent.drivers.ios_errors import DDI_NOT_MOUNTED, NO_TUNNEL, PROFILE_UNTRUSTED
-from agent.drivers.launchers import DvtLauncher
-from decodebench.devices.emulated import ddi
-from decodebench.devices.emulated.device import EmulatedDevice
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.emulated.nskeyed import NSError, archive, unarchive
-from decodebench.devices.harness import HARNESS_BUNDLE_ID, JOB_FILE
+from agent.drivers.ios.checks import CheckContext, device_checks
+from agent.drivers.ios.ddi import ensure_mounted, is_mounted
+from agent.drivers.ios.errors import DDI_NOT_MOUNTED, NO_TUNNEL, PROFILE_UNTRUSTED
+from agent.drivers.ios.launchers import DvtLauncher
+from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE
+from emulator import ddi
+from emulator.device import EmulatedDevice
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
+from emulator.nskeyed import NSError, archive, unarchive
 
 IOS16 = "ios=16.7.10"
 

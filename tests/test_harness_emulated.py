@@ -2,7 +2,7 @@
 
 Run directly on an emulated device (no usbmux): every way a job can be unusable still ends in a
 done marker saying why; an interruption abandons the run with reason `interrupted`; memory,
-thermal samples and the bounded thermal wait follow `decodebench.devices.harness`; any bundle id that
+thermal samples and the bounded thermal wait follow `decodebench.harness`; any bundle id that
 is the harness launches. Token ids from the pushed package are in test_harness_emulated_mil.py.
 """
 
@@ -15,11 +15,7 @@ import pytest
 
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunResult, ThermalState
-from decodebench.devices.emulated.app import HarnessLog, LaunchRefused, launch_app, run_harness
-from decodebench.devices.emulated.device import AppRecord, EmulatedDevice
-from decodebench.devices.emulated.faults import Condition
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.harness import (
+from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
     HARNESS_BUNDLE_ID,
@@ -32,6 +28,10 @@ from decodebench.devices.harness import (
     package_path,
 )
 from decodebench.presets import TINY_GQA
+from emulator.app import HarnessLog, LaunchRefused, launch_app, run_harness
+from emulator.device import AppRecord, EmulatedDevice
+from emulator.faults import Condition
+from emulator.fleet import EmulatedFleet
 
 SHA = "cd" * 32
 CONTEXT = 128

@@ -24,15 +24,15 @@ from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.harness import (
+from decodebench.harness import (
     DONE_MARKER,
     HARNESS_BUNDLE_ID,
     JOB_FILE,
     DoneMarker,
     FailureReason,
 )
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
 

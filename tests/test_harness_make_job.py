@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decodebench.devices.harness import HarnessJob
+from decodebench.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent
 

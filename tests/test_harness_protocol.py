@@ -1,12 +1,11 @@
-"""The decode sweep protocol every harness follows (decodebench.devices.harness), on a scripted engine."""
+"""The decode sweep protocol every harness follows (decodebench.harness), on a scripted engine."""
 
 from __future__ import annotations
 
 import pytest
 
 from decodebench.contracts.protocol import PromptResult, RunResult
-from decodebench.devices.emulated.timing import RooflineClock, RunNoise, TimingParameters
-from decodebench.devices.harness import (
+from decodebench.harness import (
     DoneMarker,
     HarnessJob,
     HarnessPrompt,
@@ -17,6 +16,7 @@ from decodebench.devices.harness import (
     run_prompts,
 )
 from decodebench.profiles import IPHONE_16_PRO
+from decodebench.timing import RooflineClock, RunNoise, TimingParameters
 
 
 class ScriptedEngine:

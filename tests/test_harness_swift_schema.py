@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from decodebench import harness
 from decodebench.contracts import domain, protocol
-from decodebench.devices import harness
 
 SWIFT = (
     Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.devices.harness import HARNESS_PROTOCOL_VERSION
+from decodebench.harness import HARNESS_PROTOCOL_VERSION
 
 HARNESS = Path(__file__).resolve().parent.parent / "ios_harness"
 SWIFT_FILES = sorted(HARNESS.rglob("*.swift"))

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_device
-from agent.drivers.host import HostDriver, HostRoofline
+from agent.drivers.host.driver import HostDriver, HostRoofline
 from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunAssignment, RunResult
-from decodebench.devices.harness import HarnessJob
+from decodebench.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 128
@@ -76,7 +76,7 @@ def measure(tmp_path: Path, path: Path) -> tuple[RunResult, HostRoofline, Harnes
 
 def interpreter_tokens(artifact_path: Path, tmp_path: Path, prompt: list[int]) -> list[int]:
     """The MIL reference interpreter's greedy tokens for the package inside the artifact."""
-    from decodebench.devices.host_decode import greedy_tokens
+    from agent.drivers.host.decode import greedy_tokens
     from decodebench.mil.verify import open_session
 
     with zipfile.ZipFile(artifact_path) as archive:

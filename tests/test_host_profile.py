@@ -7,8 +7,8 @@ import mmap
 import numpy as np
 import pytest
 
-from decodebench.devices.host_memory import peak_rss_bytes, reset_peak_rss, stream_bandwidth
-from decodebench.devices.host_profile import abs_errors, fit, predict
+from agent.drivers.host.memory import peak_rss_bytes, reset_peak_rss, stream_bandwidth
+from agent.drivers.host.profile import abs_errors, fit, predict
 
 
 def test_the_peak_rss_is_the_high_water_mark_of_the_span() -> None:

@@ -8,10 +8,10 @@ from pydantic import ValidationError
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.verdicts import Verdict
-from decodebench.devices.emulated.timing import RunNoise, TimingParameters, simulate_decode
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
 from decodebench.profiles import IPHONE_17_PRO, DeviceNoise
+from decodebench.timing import RunNoise, TimingParameters, simulate_decode
 
 BYTES = 1_400_000_000
 PROMPTS = [20, 60, 110]

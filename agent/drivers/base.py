@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from decodebench.contracts.names import DeviceStatus, Driver
 from decodebench.contracts.protocol import DeviceInfo, RunResult
-from decodebench.devices.harness import HarnessJob, HarnessPrompt
+from decodebench.harness import HarnessJob, HarnessPrompt
 
 __all__ = [
     "ArtifactError",

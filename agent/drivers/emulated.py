@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.drivers.launchers import DvtLauncher
-from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+from agent.drivers.ios.driver import IosDriverOptions, Pymobiledevice3Driver
+from agent.drivers.ios.launchers import DvtLauncher
 from decodebench.contracts.names import Driver
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment
-from decodebench.devices.emulated.ddi import write_ddi_folder
-from decodebench.devices.emulated.fleet import EmulatedFleet
-from decodebench.devices.emulated.ipa import make_harness_ipa
-from decodebench.devices.emulated.timing import TimingParameters
+from decodebench.timing import TimingParameters
+from emulator.ddi import write_ddi_folder
+from emulator.fleet import EmulatedFleet
+from emulator.ipa import make_harness_ipa
 
 DRIVER_NAME = Driver.emulated
 

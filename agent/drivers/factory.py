@@ -7,7 +7,7 @@ import dataclasses
 from agent.config import AgentSettings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.simulated import SimulatedDriver
-from decodebench.devices.emulated.timing import TimingParameters
+from decodebench.timing import TimingParameters
 
 
 def build_driver(settings: AgentSettings) -> DeviceDriver:
@@ -37,8 +37,8 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             poll_interval_s=min(settings.poll_interval_s, 0.5),
         )
     if settings.driver == "pymobiledevice3":
-        from agent.drivers.launchers import DvtLauncher
-        from agent.drivers.pymobiledevice3 import IosDriverOptions, Pymobiledevice3Driver
+        from agent.drivers.ios.driver import IosDriverOptions, Pymobiledevice3Driver
+        from agent.drivers.ios.launchers import DvtLauncher
 
         options = IosDriverOptions(
             work_dir=settings.work_dir / "ios",
@@ -52,7 +52,7 @@ def build_driver(settings: AgentSettings) -> DeviceDriver:
             host, _, port = settings.tunneld_address.rpartition(":")
             options = dataclasses.replace(options, tunneld_address=(host, int(port)))
         return Pymobiledevice3Driver(options, DvtLauncher(options.tunneld_address))
-    from agent.drivers.host import HostDriver
+    from agent.drivers.host.driver import HostDriver
 
     return HostDriver(
         settings.work_dir / "host",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from decodebench.devices.emulated.faults import Condition, FaultPlan, apply_spec
+from emulator.faults import Condition, FaultPlan, apply_spec
 
 
 def parse_fault_specs(specs: Sequence[str], device_count: int) -> dict[int, tuple[str, ...]]:

@@ -4,7 +4,7 @@ Everything the agent does around a run is real (download, unpack and check the a
 write the job, read back and validate results.json); only the phone is replaced by a formula,
 and every result says so (`simulated=True`, `driver="simulated"`, `timing_model`).
 
-The model (decodebench.devices.emulated.timing, docs/noise-model.md), seeded by (run id, device UDID)
+The model (decodebench.timing, docs/noise-model.md), seeded by (run id, device UDID)
 so a run reproduces exactly:
 
 - decode latency per token = bytes_per_token / effective bandwidth of the device profile (the
@@ -45,13 +45,13 @@ from decodebench.contracts.protocol import (
     RunResult,
     ThermalState,
 )
-from decodebench.devices.emulated.timing import (
+from decodebench.profiles import DeviceProfile, get_profile
+from decodebench.timing import (
     RunNoise,
     TimingParameters,
     decode_latency_s,
     simulate_decode,
 )
-from decodebench.profiles import DeviceProfile, get_profile
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Used by the statistics tests and `bench/regression_detection.py` to put the judge in front of
 noise that looks like a phone's (docs/noise-model.md), without a server: the per-run timings
-come from `decodebench.devices.emulated.timing.simulate_decode`, the code the simulated driver runs.
+come from `decodebench.timing.simulate_decode`, the code the simulated driver runs.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from decodebench.devices.emulated.timing import TimingParameters, simulate_decode
 from decodebench.judging.measurements import PromptMeasurement, RunMeasurement, VariantRuns
 from decodebench.profiles import DeviceProfile
 from decodebench.prompts import builtin_prompts
+from decodebench.timing import TimingParameters, simulate_decode
 
 
 class SimulatedDesign(BaseModel):
