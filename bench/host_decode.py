@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from decodebench.contracts.domain import Attention, VariantSpec  # noqa: E402
+from decodebench.contracts.presets import get_preset  # noqa: E402
 from decodebench.devices.emulated.reference import TorchStepEngine, parameter_estimate  # noqa: E402
 from decodebench.devices.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up  # noqa: E402
-from decodebench.presets import get_preset  # noqa: E402
 from decodebench.prompts import builtin_prompts  # noqa: E402
 
 LAYOUTS = (Attention.repeat_kv, Attention.folded)

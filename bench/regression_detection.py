@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from decodebench.contracts.profiles import IPHONE_17_PRO
 from decodebench.devices.emulated.timing import TimingParameters
 from decodebench.judging.nightly import (
     DetectionSettings,
@@ -37,7 +38,6 @@ from decodebench.judging.nightly import (
     suspect_change,
 )
 from decodebench.judging.simulation import SimulatedDesign, nightly_value
-from decodebench.profiles import IPHONE_17_PRO
 
 BYTES_PER_TOKEN = 1_400_000_000
 STEPS = (0.02, 0.05, 0.10)

@@ -38,7 +38,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         model_identity,
         request_key,
     )
-    from decodebench.presets import MODELS
+    from decodebench.contracts.presets import MODELS
     from decodebench.toolchain import installed_toolchain
 
     weights = Path(args.weights) if args.weights else None

@@ -24,12 +24,12 @@ from agent.drivers.emulated import EmulatedDriver, driver_for_fleet
 from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.profiles import IPHONE_17_PRO
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
 from decodebench.devices.emulated.timing import TimingParameters
 from decodebench.devices.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
-from decodebench.profiles import IPHONE_17_PRO
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
 
@@ -232,8 +232,8 @@ def test_a_pushed_model_is_reused_and_old_ones_are_evicted(
 def test_reference_tokens_agree_across_layouts_and_with_torch(
     fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
     from decodebench.prompts import builtin_prompts
 
     fleet.add("iphone-17-pro", tokens="torch")
@@ -253,8 +253,8 @@ def test_reference_tokens_agree_across_layouts_and_with_torch(
 def test_mil_tokens_come_from_the_pushed_package_itself(
     fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
     from decodebench.prompts import builtin_prompts
 
     fleet.add("iphone-17-pro", tokens="mil")

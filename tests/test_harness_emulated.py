@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.presets import TINY_GQA
 from decodebench.contracts.protocol import RunResult, ThermalState
 from decodebench.devices.emulated.app import HarnessLog, LaunchRefused, launch_app, run_harness
 from decodebench.devices.emulated.device import AppRecord, EmulatedDevice
@@ -31,7 +32,6 @@ from decodebench.devices.harness import (
     HarnessPrompt,
     package_path,
 )
-from decodebench.presets import TINY_GQA
 
 SHA = "cd" * 32
 CONTEXT = 128

@@ -132,8 +132,8 @@ def test_token_ids_come_from_the_pushed_package_by_default(
     tmp_path: Path,
     drivers: list[EmulatedDriver],
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
     from decodebench.prompts import builtin_prompts
 
     fleet.add("iphone-17-pro")

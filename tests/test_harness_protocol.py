@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from decodebench.contracts.profiles import IPHONE_16_PRO
 from decodebench.contracts.protocol import PromptResult, RunResult
 from decodebench.devices.emulated.timing import RooflineClock, RunNoise, TimingParameters
 from decodebench.devices.harness import (
@@ -16,7 +17,6 @@ from decodebench.devices.harness import (
     run_prompt,
     run_prompts,
 )
-from decodebench.profiles import IPHONE_16_PRO
 
 
 class ScriptedEngine:

@@ -94,8 +94,8 @@ def interpreter_tokens(artifact_path: Path, tmp_path: Path, prompt: list[int]) -
 def test_w4_reads_fewer_bytes_and_decodes_the_interpreters_tokens(
     tmp_path: Path, artifacts: dict[str, Path]
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
 
     fp16, fp16_roofline, job = measure(tmp_path, artifacts["fp16"])
     w4, w4_roofline, _ = measure(tmp_path, artifacts["w4"])

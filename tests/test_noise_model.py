@@ -7,11 +7,11 @@ import pytest
 from pydantic import ValidationError
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec
+from decodebench.contracts.profiles import IPHONE_17_PRO, DeviceNoise
 from decodebench.contracts.verdicts import Verdict
 from decodebench.devices.emulated.timing import RunNoise, TimingParameters, simulate_decode
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
-from decodebench.profiles import IPHONE_17_PRO, DeviceNoise
 
 BYTES = 1_400_000_000
 PROMPTS = [20, 60, 110]

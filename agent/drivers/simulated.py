@@ -38,6 +38,7 @@ from agent.drivers.base import (
 )
 from decodebench.client import file_sha256
 from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, DeviceStatus, Driver
+from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.contracts.protocol import (
     DeviceInfo,
     PromptResult,
@@ -51,7 +52,6 @@ from decodebench.devices.emulated.timing import (
     decode_latency_s,
     simulate_decode,
 )
-from decodebench.profiles import DeviceProfile, get_profile
 
 log = logging.getLogger(__name__)
 

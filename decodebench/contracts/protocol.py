@@ -16,7 +16,7 @@ from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import DeviceStatus, Driver, RunState
-from decodebench.profiles import DeviceProfile
+from decodebench.contracts.profiles import DeviceProfile
 
 PROTOCOL_VERSION = 1
 _Key = TypeVar("_Key", bound=Hashable)

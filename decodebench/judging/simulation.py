@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.contracts.profiles import DeviceProfile
 from decodebench.devices.emulated.timing import TimingParameters, simulate_decode
 from decodebench.judging.measurements import PromptMeasurement, RunMeasurement, VariantRuns
-from decodebench.profiles import DeviceProfile
 from decodebench.prompts import builtin_prompts
 
 

@@ -27,7 +27,7 @@ from decodebench.building.quant.numeric import (
     quantize_linear,
     to_dtype,
 )
-from decodebench.building.quant.recipe import QuantRecipe, Scheme, Target
+from decodebench.contracts.recipes import QuantRecipe, Scheme, Target
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.weight")
 EMBED = "model.embed_tokens.weight"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from decodebench.contracts.names import Driver
+from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.contracts.protocol import RunResult
 from decodebench.devices.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
 from decodebench.devices.emulated.faults import FaultKind
@@ -59,7 +60,6 @@ from decodebench.devices.harness import (
     run_prompts,
 )
 from decodebench.mil.program import MilError
-from decodebench.profiles import DeviceProfile, get_profile
 
 if TYPE_CHECKING:
     from decodebench.devices.emulated.device import AppProcess, EmulatedDevice

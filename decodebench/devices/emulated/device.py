@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.devices.emulated.faults import Condition, FaultKind, FaultPlan
 from decodebench.devices.emulated.pairing import DeviceKeys, HostIdentity, pair_record
 from decodebench.devices.emulated.timing import TimingParameters
-from decodebench.profiles import DeviceProfile, get_profile
 
 if TYPE_CHECKING:
     from decodebench.devices.emulated.tunnel import DeviceTunnel

@@ -11,8 +11,8 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.presets import ModelConfig, get_preset
 from decodebench.devices.emulated.timing import TokenSource
-from decodebench.presets import ModelConfig, get_preset
 
 if TYPE_CHECKING:
     import torch
