@@ -64,7 +64,7 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     import numpy as np
     import torch
 
-    from decodebench.building import coreml_compat
+    from decodebench import coreml_compat
     from decodebench.building.convert import _input_types, _state_types
     from decodebench.building.quant.apply import QuantPlan
     from decodebench.building.quant.plain import optimize_plain

@@ -139,7 +139,7 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     import coremltools as ct
     import torch
 
-    from decodebench.building import coreml_compat
+    from decodebench import coreml_compat
     from decodebench.building.convert import _input_types, _output_types, _state_types
     from decodebench.building.quant.apply import QuantPlan
     from decodebench.building.quant.plain import compare_weights, optimize_calls, optimize_plain
