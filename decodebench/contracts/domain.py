@@ -50,15 +50,6 @@ class KVCache(StrEnum):
     input = "input"  # a model input; the host writes the new token's K/V (outputs) itself
 
 
-class Quant(StrEnum):
-    """The named recipe presets (``topK`` for any K is one too; see decodebench.contracts.recipes)."""
-
-    fp16 = "fp16"
-    w8 = "w8"
-    w4 = "w4"
-    base = "base"
-
-
 MAX_PREFILL_CHUNK = 512
 
 # Axes added after builds were first keyed: left out of the identity while at their default, so

@@ -109,11 +109,6 @@ def simulated_pair(
     )
 
 
-def mean_decode_tok_s(runs: Sequence[RunMeasurement]) -> float:
-    """A sweep cell's headline figure: mean decode tok/s over every prompt of every run."""
-    return float(np.mean([prompt.decode_tok_s for run in runs for prompt in run.prompts]))
-
-
 def nightly_value(
     profile: DeviceProfile,
     timing: TimingParameters,

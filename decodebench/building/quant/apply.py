@@ -165,12 +165,6 @@ def fake_quantize(
     return fake_quantize_linear(weight.to(torch.float16), scheme.bits, scheme.block, dtype)
 
 
-def compressed_bytes(compressed: Compressed) -> int:
-    if isinstance(compressed, Palettized):
-        return compressed.indices.size * compressed.bits // 8 + compressed.lut.nbytes
-    return compressed.data.size * compressed.bits // 8 + compressed.scale.nbytes
-
-
 def apply_plan(program: object, plan: QuantPlan) -> dict[str, str]:
     """Rewrite the weight consts of every function of ``program``; returns {const: op type}.
 
