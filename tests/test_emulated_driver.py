@@ -25,7 +25,8 @@ from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.profiles import IPHONE_17_PRO
-from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
 from decodebench.devices.emulated.timing import TimingParameters

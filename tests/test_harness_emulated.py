@@ -15,7 +15,7 @@ import pytest
 
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.presets import TINY_GQA
-from decodebench.contracts.protocol import RunResult, ThermalState
+from decodebench.contracts.results import RunResult, ThermalState
 from decodebench.devices.emulated.app import HarnessLog, LaunchRefused, launch_app, run_harness
 from decodebench.devices.emulated.device import AppRecord, EmulatedDevice
 from decodebench.devices.emulated.faults import Condition

@@ -23,7 +23,8 @@ from agent.drivers.emulated import EmulatedDriver, driver_for_fleet
 from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.devices.emulated.fleet import EmulatedFleet
 from decodebench.devices.emulated.ipa import make_harness_ipa
 from decodebench.devices.harness import (

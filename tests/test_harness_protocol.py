@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from decodebench.contracts.profiles import IPHONE_16_PRO
-from decodebench.contracts.protocol import PromptResult, RunResult
+from decodebench.contracts.results import PromptResult, RunResult
 from decodebench.devices.emulated.timing import RooflineClock, RunNoise, TimingParameters
 from decodebench.devices.harness import (
     DoneMarker,

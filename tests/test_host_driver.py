@@ -13,7 +13,8 @@ from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_d
 from agent.drivers.host import HostDriver, HostRoofline
 from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import RunAssignment, RunResult
+from decodebench.contracts.protocol import RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.devices.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from decodebench.client import DecodebenchClient
 from decodebench.contracts.presets import ModelConfig, get_preset
-from decodebench.contracts.protocol import BuildAssignment
 from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind, ModelView, upload_identity
+from decodebench.contracts.workers import BuildAssignment
 from decodebench.modelfiles import content_sha256
 
 

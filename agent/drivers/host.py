@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.drivers.base import Cancellation, DriverError, HarnessJob, InstalledModel
 from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
-from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
+from decodebench.contracts.protocol import DeviceInfo
+from decodebench.contracts.results import PromptResult, RunResult, ThermalState
 from decodebench.devices.harness import MonotonicClock, run_prompt, warm_up
 from decodebench.devices.host_decode import HostEngine
 from decodebench.devices.host_memory import (

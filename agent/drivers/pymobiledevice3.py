@@ -48,7 +48,8 @@ from agent.drivers.ios_errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchErr
 from agent.drivers.ios_syslog import start_capture
 from agent.drivers.launchers import Launcher
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
+from decodebench.contracts.protocol import DeviceCheck, DeviceInfo
+from decodebench.contracts.results import RunResult, ThermalState
 from decodebench.devices.harness import (
     HARNESS_LOG,
     JOB_FILE,

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from decodebench.contracts.names import Driver
 from decodebench.contracts.profiles import DeviceProfile, get_profile
-from decodebench.contracts.protocol import RunResult
+from decodebench.contracts.results import RunResult
 from decodebench.devices.emulated.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
 from decodebench.devices.emulated.faults import FaultKind
 from decodebench.devices.emulated.reference import ReferenceCache

@@ -1,5 +1,5 @@
 // The JSON the harness reads and writes. Field names are the Python schema's
-// (decodebench/devices/harness.py, decodebench/contracts/protocol.py); tests/test_harness_swift_schema.py
+// (decodebench/devices/harness.py, decodebench/contracts/results.py); tests/test_harness_swift_schema.py
 // checks every CodingKeys raw value below against the pydantic JSON schema.
 import Foundation
 
@@ -105,7 +105,7 @@ public struct HarnessPrompt: Codable, Sendable {
     }
 }
 
-/// One prompt of the sweep (decodebench.contracts.protocol.PromptResult).
+/// One prompt of the sweep (decodebench.contracts.results.PromptResult).
 public struct PromptResult: Codable, Sendable {
     public var promptIndex: Int
     public var promptTokens: Int
@@ -128,7 +128,7 @@ public struct PromptResult: Codable, Sendable {
     }
 }
 
-/// Documents/results.json (decodebench.contracts.protocol.RunResult).
+/// Documents/results.json (decodebench.contracts.results.RunResult).
 public struct RunResult: Codable, Sendable {
     public var protocolVersion: Int = HarnessProtocol.version
     public var deviceUdid: String
