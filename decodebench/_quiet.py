@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import warnings
-from typing import Any
+from typing import Any, TextIO
 
 NOISE = re.compile(r"Failed to load _ML\w*Proxy|has not been tested with coremltools")
 NOISY_LOGGERS = ("coremltools",)
@@ -35,11 +35,18 @@ _FILTER = _DemoteNoise()
 _shown: list[Any] = []
 
 
-def _show_warning(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     if NOISE.search(str(message)):
         log.debug("%s: %s (%s:%d)", category.__name__, message, filename, lineno)
         return
-    _shown[0](message, category, filename, lineno, *rest)
+    _shown[0](message, category, filename, lineno, file, line)
 
 
 def route_import_noise() -> None:

@@ -85,3 +85,33 @@ def test_third_party_import_noise_goes_to_debug_logging(tmp_path: Path) -> None:
             if line.startswith(prefix)
         }
         assert set(noise) <= shown, debug.stderr[-2000:]
+
+
+def test_only_the_import_noise_is_demoted(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import warnings
+
+    from decodebench import _quiet
+
+    _quiet.route_import_noise()
+    _quiet.route_import_noise()  # idempotent: one filter, one hook
+    coremltools = logging.getLogger("coremltools")
+    assert coremltools.filters.count(_quiet._FILTER) == 1
+    caplog.set_level(logging.INFO)
+    coremltools.warning("Failed to load _MLModelProxy: No module named 'x'")
+    coremltools.warning("a real warning")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "a real warning")
+    ]
+
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    coremltools.warning("Torch version 9.9 has not been tested with coremltools. You may ...")
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]
+
+    caplog.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _quiet._show_warning  # catch_warnings restores the hook it saw
+        warnings.warn("torch 9.9 has not been tested with coremltools", stacklevel=1)
+    assert [r.name for r in caplog.records] == ["decodebench._quiet"]
