@@ -1,1 +1,2 @@
-"""Subcommands of the ``decodebench`` CLI that live in their own modules (``register(subparsers)``)."""
+"""The ``decodebench`` subcommands, one module each: ``register(subparsers)`` adds its parser (its
+``--help`` text is the module's docstring) and a handler; ``common`` holds what they share."""
