@@ -1,2 +1,3 @@
-"""The ``decodebench`` subcommands, one module each: ``register(subparsers)`` adds its parser (its
-``--help`` text is the module's docstring) and a handler; ``common`` holds what they share."""
+"""The ``decodebench`` subcommands. Each command module's ``register(subparsers)`` adds its parser
+(its ``--help`` text is the module's docstring) and handler; ``common`` holds what they share,
+``answers`` and ``gate`` what ``status`` and ``submit`` render and decide."""
