@@ -39,9 +39,9 @@ from pydantic_settings.sources.utils import parse_env_vars
 from agent.drivers.simulated import SimulatedDevice
 from agent.health import HealthPolicy
 from decodebench.contracts.names import Driver
+from decodebench.contracts.profiles import DEVICE_PROFILES, get_profile
 from decodebench.contracts.protocol import MAX_CLAIM_WAIT_S
 from decodebench.harness import HARNESS_BUNDLE_ID
-from decodebench.profiles import DEVICE_PROFILES, get_profile
 
 ENV_PREFIX = "DECODEBENCH_AGENT_"
 DEFAULT_SERVER_URL = "http://127.0.0.1:8000"

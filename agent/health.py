@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import DeviceInfo, ThermalState
+from decodebench.contracts.protocol import DeviceInfo
+from decodebench.contracts.results import ThermalState
 
 READY = DeviceStatus.ready
 BUSY = DeviceStatus.busy

@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 
 from decodebench.client import ApiError
-from decodebench.contracts.protocol import MAX_BATCH_RESULTS, ResultsBatchStored, RunResult
+from decodebench.contracts.protocol import MAX_BATCH_RESULTS, ResultsBatchStored
+from decodebench.contracts.results import RunResult
 
 log = logging.getLogger(__name__)
 ENTRY = re.compile(r"^(\d{12})-run-(\d+)\.json\Z")

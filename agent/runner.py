@@ -30,9 +30,10 @@ from agent.drivers.base import (
 from agent.outbox import BatchedUploads, Outbox
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
-from decodebench.presets import get_model
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.presets import get_model
+from decodebench.contracts.profiles import DEVICE_PROFILES
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts, pseudo_tokenize
 
 log = logging.getLogger(__name__)

@@ -64,13 +64,13 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     import numpy as np
     import torch
 
-    from decodebench.building import coreml_compat
+    from decodebench import coreml_compat
     from decodebench.building.convert import _input_types, _state_types
     from decodebench.building.quant.apply import QuantPlan
     from decodebench.building.quant.plain import optimize_plain
-    from decodebench.building.quant.recipe import parse_recipe
+    from decodebench.contracts.presets import get_preset
+    from decodebench.contracts.recipes import parse_recipe
     from decodebench.modeling import build_model, step_inputs
-    from decodebench.presets import get_preset
 
     seconds: dict[str, float] = {}
     clock = time.perf_counter()

@@ -26,8 +26,8 @@ from decodebench.analysis.diff import GraphDiff, diff_analyses, render_diff
 from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.presets import EXAONE_4_0_1_2B
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.presets import EXAONE_4_0_1_2B
+from decodebench.contracts.profiles import DEVICE_PROFILES
 
 MIB = 1024**2
 

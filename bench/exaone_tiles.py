@@ -21,7 +21,7 @@ from pathlib import Path
 from decodebench.building.build import build_variant, load_report
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.presets import EXAONE_4_0_1_2B
+from decodebench.contracts.presets import EXAONE_4_0_1_2B
 
 MIB = 1024**2
 GIB = 1024**3

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from decodebench.building.build import PACKAGE_NAME, build_variant, load_report
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.presets import EXAONE_4_0_1_2B, get_preset
+from decodebench.contracts.presets import EXAONE_4_0_1_2B, get_preset
 
 MIB = 1024**2
 GIB = 1024**3

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from decodebench.contracts.domain import Attention, VariantSpec  # noqa: E402
+from decodebench.contracts.presets import get_preset  # noqa: E402
 from decodebench.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up  # noqa: E402
-from decodebench.presets import get_preset  # noqa: E402
 from decodebench.prompts import builtin_prompts  # noqa: E402
 from emulator.reference import TorchStepEngine, parameter_estimate  # noqa: E402
 

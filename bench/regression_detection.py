@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from decodebench.contracts.profiles import IPHONE_17_PRO
 from decodebench.judging.nightly import (
     DetectionSettings,
     Direction,
@@ -36,7 +37,6 @@ from decodebench.judging.nightly import (
     suspect_change,
 )
 from decodebench.judging.simulation import SimulatedDesign, nightly_value
-from decodebench.profiles import IPHONE_17_PRO
 from decodebench.timing import TimingParameters
 
 BYTES_PER_TOKEN = 1_400_000_000

@@ -120,7 +120,7 @@ def main() -> None:
 
     from fastapi.testclient import TestClient
 
-    from decodebench.profiles import DEVICE_PROFILES
+    from decodebench.contracts.profiles import DEVICE_PROFILES
     from scripts.standins import complete_builds
     from server.app import app
     from server.manage import create_token_command, migrate

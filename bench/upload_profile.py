@@ -51,7 +51,7 @@ def profile(uploads: int) -> dict:
     from fastapi.testclient import TestClient
     from sqlalchemy import event
 
-    from decodebench.contracts.protocol import RunResult
+    from decodebench.contracts.results import RunResult
     from server import tenancy
     from server.agents import service as agents
     from server.app import app

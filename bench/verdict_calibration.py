@@ -14,10 +14,10 @@ import argparse
 import json
 import time
 
+from decodebench.contracts.profiles import IPHONE_17_PRO
 from decodebench.contracts.verdicts import Verdict
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
-from decodebench.profiles import IPHONE_17_PRO
 from decodebench.timing import TimingParameters
 
 BYTES_PER_TOKEN = 1_400_000_000

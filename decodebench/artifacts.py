@@ -42,10 +42,3 @@ def unpack(archive_path: Path, destination: Path) -> Path:
     except zipfile.BadZipFile as error:
         raise ArtifactError(f"{archive_path} is not a valid artifact zip: {error}") from None
     return destination
-
-
-def find_mlpackage(folder: Path) -> Path:
-    candidates = sorted(folder.glob("*.mlpackage"))
-    if not candidates or not (candidates[0] / "Manifest.json").is_file():
-        raise ArtifactError(f"{folder} holds no .mlpackage with a Manifest.json")
-    return candidates[0]

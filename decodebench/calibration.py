@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from decodebench.contracts.api import FittedPoint
-from decodebench.profiles import BANDWIDTH, OVERHEAD, DeviceProfile
+from decodebench.contracts.profiles import BANDWIDTH, OVERHEAD, DeviceProfile
 
 # Below this relative determinant the two columns are (numerically) proportional.
 MIN_RELATIVE_DETERMINANT = 1e-9

@@ -24,18 +24,13 @@ from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.protocol import (
     AgentRegistered,
     AgentRegistration,
-    BuildAssignment,
-    BuildFailure,
-    BuildOutcome,
-    BuildProgress,
-    BuildStart,
     ClaimResponse,
     ClaimsResponse,
     DeviceInfo,
     LeaseRenewal,
     ResultsBatchStored,
-    RunResult,
 )
+from decodebench.contracts.results import RunResult
 from decodebench.contracts.schedules import (
     DeliveryResult,
     FiringView,
@@ -43,6 +38,13 @@ from decodebench.contracts.schedules import (
     TickResult,
 )
 from decodebench.contracts.uploads import ModelView, UploadView
+from decodebench.contracts.workers import (
+    BuildAssignment,
+    BuildFailure,
+    BuildOutcome,
+    BuildProgress,
+    BuildStart,
+)
 
 API = "/api/v1"
 _LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])

@@ -27,7 +27,7 @@ allocation must not count); the state is reset after them, so they fit when
 ``warmup_steps <= context``. A job that breaks either bound is refused (:class:`HarnessJob`),
 by the agent before it is pushed and by the harness before it compiles anything.
 
-Measured around the sweep (``decodebench.contracts.protocol.RunResult``):
+Measured around the sweep (``decodebench.contracts.results.RunResult``):
 
 - **Memory**: ``peak_memory_bytes`` is the largest *physical footprint* of the harness process
   (``task_info`` ``phys_footprint``, what jetsam counts) sampled after every prefill and decode
@@ -48,7 +48,7 @@ The harness's Documents directory (pushed and pulled by the agent over AFC):
 - ``job.json``: a :class:`HarnessJob`;
 - ``models/<artifact sha256>/model.mlpackage``: the pushed package, complete once
   ``models/<artifact sha256>/complete`` exists (a push cut short leaves no marker);
-- ``results.json``: a :class:`~decodebench.contracts.protocol.RunResult`, written atomically
+- ``results.json``: a :class:`~decodebench.contracts.results.RunResult`, written atomically
   (``results.json.partial`` then rename);
 - ``done``: a :class:`DoneMarker`, written after ``results.json`` (or instead of it on error,
   with a :class:`FailureReason`), always, also when ``job.json`` is missing or unreadable;
@@ -72,7 +72,7 @@ from decodebench.contracts.names import (  # noqa: F401  (part of the harness pr
     PACKAGE_NAME,
     RESULTS_FILE,
 )
-from decodebench.contracts.protocol import PromptResult
+from decodebench.contracts.results import PromptResult
 
 HARNESS_PROTOCOL_VERSION = 1
 HARNESS_BUNDLE_ID = "dev.decodebench.devices.harness"

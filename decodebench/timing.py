@@ -1,7 +1,7 @@
 """The timing model of a stand-in iPhone: a memory-bound roofline plus a device-like noise model.
 
 A step of the decode model costs `bytes_per_token / effective bandwidth` of the device profile
-(decode is memory-bound; see decodebench.profiles), times the noise of the profile's
+(decode is memory-bound; see decodebench.contracts.profiles), times the noise of the profile's
 `DeviceNoise` (docs/noise-model.md), all seeded so a run reproduces exactly:
 
 - a device offset, fixed per UDID (device-to-device spread);
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from decodebench.profiles import DeviceNoise, DeviceProfile
+from decodebench.contracts.profiles import DeviceNoise, DeviceProfile
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,11 @@ BUILDING_CODE = (
     "modeling",
     "analysis",
     "mil",
-    "presets.py",
     "contracts/build.py",
     "contracts/analysis.py",
     "contracts/domain.py",
+    "contracts/presets.py",
+    "contracts/recipes.py",
 )
 PACKAGE_ROOT = Path(__file__).resolve().parent
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from decodebench.contracts.names import Driver
-from decodebench.contracts.protocol import RunResult
+from decodebench.contracts.profiles import DeviceProfile, get_profile
+from decodebench.contracts.results import RunResult
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -48,7 +49,6 @@ from decodebench.harness import (
     run_prompts,
 )
 from decodebench.mil.program import MilError
-from decodebench.profiles import DeviceProfile, get_profile
 from decodebench.timing import (
     RooflineClock,
     RunNoise,

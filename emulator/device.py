@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from decodebench.profiles import DeviceProfile, get_profile
+from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.timing import TimingParameters
 from emulator import ddi
 from emulator.faults import Condition, FaultKind, FaultPlan

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from enum import StrEnum
 
-from decodebench.contracts.protocol import ThermalState
+from decodebench.contracts.results import ThermalState
 
 
 class FaultKind(StrEnum):

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from decodebench.contracts.domain import VariantSpec
-from decodebench.presets import ModelConfig, get_preset
+from decodebench.contracts.presets import ModelConfig, get_preset
 from decodebench.timing import TokenSource
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from decodebench.contracts.protocol import PromptResult, ThermalState
+from decodebench.contracts.results import PromptResult, ThermalState
 from decodebench.harness import HarnessJob, RunInterrupted
 from emulator.faults import FaultKind
 from emulator.reference import resolve_config

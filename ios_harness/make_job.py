@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.presets import get_preset
 from decodebench.harness import HarnessJob, HarnessPrompt
-from decodebench.presets import get_preset
 from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts
 
 SMOKE_DIR = "models/smoke"

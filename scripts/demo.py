@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stack import ROOT, Stack  # noqa: E402
 
-from decodebench.cli import format_comparison, wait_for_sweep  # noqa: E402
 from decodebench.client import DecodebenchClient  # noqa: E402
 from decodebench.commands.answers import format_answers  # noqa: E402
+from decodebench.commands.status import format_comparison  # noqa: E402
+from decodebench.commands.submit import wait_for_sweep  # noqa: E402
 
 DEMO_SWEEP = {
     "model": "tiny-gqa",

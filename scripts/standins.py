@@ -29,7 +29,7 @@ def full_analysis(figures: dict[str, Any]) -> dict[str, Any]:
 
 def build_report(build: dict[str, Any], analysis: dict[str, Any]) -> dict[str, Any]:
     """A build.json for ``build`` (as the API shows it) as a worker would write it."""
-    from decodebench.presets import get_model
+    from decodebench.contracts.presets import get_model
 
     return {
         "key": build["key"],

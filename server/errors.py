@@ -12,7 +12,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from decodebench.contracts.api import ErrorResponse
-from decodebench.profiles import UnknownDeviceClass
+from decodebench.contracts.profiles import UnknownDeviceClass
 from server.config import get_settings
 
 logger = logging.getLogger(__name__)

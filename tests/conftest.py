@@ -217,7 +217,7 @@ def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory):
     import transformers
 
     from decodebench.building.weights import hf_config_dict
-    from decodebench.presets import TINY_LLAMA
+    from decodebench.contracts.presets import TINY_LLAMA
 
     fields = hf_config_dict(TINY_LLAMA, max_position_embeddings=256)
     config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)

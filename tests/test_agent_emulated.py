@@ -22,8 +22,8 @@ from stack import Stack
 from agent.config import AgentSettings
 from agent.drivers.emulated import driver_for_fleet
 from agent.main import Agent
-from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
+from decodebench.commands.submit import wait_for_sweep
 from emulator.fleet import EmulatedFleet
 from tests.conftest import started_stack, table_counts
 

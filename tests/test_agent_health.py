@@ -8,7 +8,8 @@ from pydantic import ValidationError
 from agent.config import parse_settings
 from agent.health import DeviceHealth, HealthPolicy, gate
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import DeviceInfo, ThermalState
+from decodebench.contracts.protocol import DeviceInfo
+from decodebench.contracts.results import ThermalState
 
 POLICY = HealthPolicy(min_battery=20, cooldown_s=100, hold_s=10)
 

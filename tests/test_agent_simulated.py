@@ -42,8 +42,9 @@ from agent.main import (
 from agent.runner import JobError, ResultMismatch, build_job, check_result, failure_reason
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import AgentRegistration, DeviceInfo, RunAssignment, RunResult
-from decodebench.profiles import IPHONE_16_PRO, IPHONE_17_PRO, UnknownDeviceClass
+from decodebench.contracts.profiles import IPHONE_16_PRO, IPHONE_17_PRO, UnknownDeviceClass
+from decodebench.contracts.protocol import AgentRegistration, DeviceInfo, RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.prompts import builtin_prompts
 
 BYTES_PER_TOKEN = 600_000_000

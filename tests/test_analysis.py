@@ -24,9 +24,9 @@ from decodebench.building.build import (
 )
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import Attention, VariantSpec, build_key
+from decodebench.contracts.presets import TINY_GQA
+from decodebench.contracts.profiles import DEVICE_PROFILES, IPHONE_17_PRO, DeviceProfile
 from decodebench.modeling import build_model, parameter_count
-from decodebench.presets import TINY_GQA
-from decodebench.profiles import DEVICE_PROFILES, IPHONE_17_PRO, DeviceProfile
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.presets import TINY_GQA
+from decodebench.contracts.presets import TINY_GQA
 
 pytestmark = pytest.mark.slow
 logging.getLogger("coremltools").setLevel(logging.ERROR)

@@ -283,7 +283,7 @@ def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -
     from agent.batching import ClaimBatcher
     from agent.outbox import BatchedUploads, Outbox
     from decodebench.client import DecodebenchClient
-    from decodebench.contracts.protocol import RunResult
+    from decodebench.contracts.results import RunResult
 
     devices = 20
     tokens = stack.tokens
@@ -428,7 +428,7 @@ def test_a_held_entry_is_left_to_its_run_by_the_backlog_delivery(tmp_path) -> No
     import threading
 
     from agent.outbox import Outbox
-    from decodebench.contracts.protocol import RunResult
+    from decodebench.contracts.results import RunResult
 
     outbox = Outbox(tmp_path / "outbox")
     result = RunResult.model_validate(result_for(range(3), 40.0, udid="SIM-0000"))

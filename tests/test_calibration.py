@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from decodebench.calibration import CalibrationError, Observation, fit_profile
-from decodebench.profiles import BANDWIDTH, IPHONE_17_PRO, OVERHEAD
+from decodebench.contracts.profiles import BANDWIDTH, IPHONE_17_PRO, OVERHEAD
 
 # Three builds: (bytes moved per token, dispatched ops), like repeat_kv, folded, int4 folded.
 BUILDS = {"repeat_kv": (4_824_000_000, 2_299), "folded": (2_810_000_000, 2_179),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.presets import TINY_GQA
+from decodebench.contracts.presets import TINY_GQA
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

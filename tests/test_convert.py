@@ -10,8 +10,8 @@ import pytest
 
 from decodebench.building.convert import ConversionError, CoreMLToolsConverter, convert
 from decodebench.contracts.domain import Attention, VariantSpec
+from decodebench.contracts.presets import TINY_GQA
 from decodebench.modeling import build_model
-from decodebench.presets import TINY_GQA
 
 pytestmark = pytest.mark.slow
 
@@ -139,11 +139,11 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     import coremltools as ct
     import torch
 
-    from decodebench.building import coreml_compat
+    from decodebench import coreml_compat
     from decodebench.building.convert import _input_types, _output_types, _state_types
     from decodebench.building.quant.apply import QuantPlan
     from decodebench.building.quant.plain import compare_weights, optimize_calls, optimize_plain
-    from decodebench.building.quant.recipe import parse_recipe
+    from decodebench.contracts.recipes import parse_recipe
     from decodebench.mil.verify import verify_packages
     from decodebench.modeling import example_inputs
 

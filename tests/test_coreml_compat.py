@@ -10,7 +10,7 @@ import pytest
 import torch
 from coremltools.converters.mil.frontend.torch.torch_op_registry import register_torch_op
 
-from decodebench.building import coreml_compat
+from decodebench import coreml_compat
 
 NUMPY_SCALAR_DEPRECATION = "Conversion of an array with ndim > 0 to a scalar"
 

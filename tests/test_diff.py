@@ -14,8 +14,8 @@ from decodebench.analysis.diff import _unmatched, diff_analyses
 from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.presets import TINY_GQA
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
+from decodebench.contracts.presets import TINY_GQA
+from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import pytest
 from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
-from decodebench.presets import TINY_GQA
+from decodebench.contracts.presets import TINY_GQA
 from tests.conftest import (
     bearer,
     build_report,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from stack import Stack
 
-from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
+from decodebench.commands.submit import wait_for_sweep
 from tests.conftest import table_counts
 
 pytestmark = pytest.mark.slow

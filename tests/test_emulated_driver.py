@@ -24,9 +24,10 @@ from agent.drivers.emulated import EmulatedDriver, driver_for_fleet
 from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
+from decodebench.contracts.profiles import IPHONE_17_PRO
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE, model_dir
-from decodebench.profiles import IPHONE_17_PRO
 from decodebench.timing import TimingParameters
 from emulator.fleet import EmulatedFleet
 from emulator.ipa import make_harness_ipa
@@ -232,8 +233,8 @@ def test_a_pushed_model_is_reused_and_old_ones_are_evicted(
 def test_reference_tokens_agree_across_layouts_and_with_torch(
     fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
     from decodebench.prompts import builtin_prompts
 
     fleet.add("iphone-17-pro", tokens="torch")
@@ -253,8 +254,8 @@ def test_reference_tokens_agree_across_layouts_and_with_torch(
 def test_mil_tokens_come_from_the_pushed_package_itself(
     fleet: EmulatedFleet, make_driver: Callable[..., EmulatedDriver], builds: dict[str, Build]
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
     from decodebench.prompts import builtin_prompts
 
     fleet.add("iphone-17-pro", tokens="mil")

@@ -13,7 +13,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from decodebench.building import coreml_compat
+from decodebench import coreml_compat
 from decodebench.mil.fold import PASS_NAME, FoldGqaPass, fold_program
 from decodebench.mil.fold_package import fold_mlpackage
 from decodebench.mil.interpreter import Interpreter

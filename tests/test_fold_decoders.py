@@ -15,11 +15,11 @@ from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.building.convert import convert
 from decodebench.contracts.domain import Attention, VariantSpec
+from decodebench.contracts.presets import TINY_GQA
 from decodebench.mil.fold_package import fold_mlpackage, render
 from decodebench.mil.program import quiet_coremltools
 from decodebench.mil.verify import open_session, verify_packages
 from decodebench.modeling import GroupedQueryAttention, build_model, greedy_decode
-from decodebench.presets import TINY_GQA
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import RunResult, ThermalState
+from decodebench.contracts.presets import TINY_GQA
+from decodebench.contracts.results import RunResult, ThermalState
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -27,7 +28,6 @@ from decodebench.harness import (
     HarnessPrompt,
     package_path,
 )
-from decodebench.presets import TINY_GQA
 from emulator.app import HarnessLog, LaunchRefused, launch_app, run_harness
 from emulator.device import AppRecord, EmulatedDevice
 from emulator.faults import Condition

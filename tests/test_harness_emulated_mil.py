@@ -23,7 +23,8 @@ from agent.drivers.emulated import EmulatedDriver, driver_for_fleet
 from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import DeviceInfo, RunAssignment, RunResult
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.harness import (
     DONE_MARKER,
     HARNESS_BUNDLE_ID,
@@ -132,8 +133,8 @@ def test_token_ids_come_from_the_pushed_package_by_default(
     tmp_path: Path,
     drivers: list[EmulatedDriver],
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
     from decodebench.prompts import builtin_prompts
 
     fleet.add("iphone-17-pro")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from decodebench.contracts.protocol import PromptResult, RunResult
+from decodebench.contracts.profiles import IPHONE_16_PRO
+from decodebench.contracts.results import PromptResult, RunResult
 from decodebench.harness import (
     DoneMarker,
     HarnessJob,
@@ -15,7 +16,6 @@ from decodebench.harness import (
     run_prompt,
     run_prompts,
 )
-from decodebench.profiles import IPHONE_16_PRO
 from decodebench.timing import RooflineClock, RunNoise, TimingParameters
 
 

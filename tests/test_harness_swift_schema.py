@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from decodebench import harness
-from decodebench.contracts import domain, protocol
+from decodebench.contracts import domain, results
 
 SWIFT = (
     Path(__file__).resolve().parent.parent
@@ -33,8 +33,8 @@ CASE = re.compile(r"case (\w+)(?: = \"([^\"]+)\")?")
 JSON_TYPES = {"Int": "integer", "Double": "number", "String": "string", "Bool": "boolean"}
 
 WRITTEN = {
-    "RunResult": protocol.RunResult,
-    "PromptResult": protocol.PromptResult,
+    "RunResult": results.RunResult,
+    "PromptResult": results.PromptResult,
     "DoneMarker": harness.DoneMarker,
 }
 READ = {
@@ -43,7 +43,7 @@ READ = {
     "VariantSpec": domain.VariantSpec,
 }
 ENUMS = {
-    "ThermalState": protocol.ThermalState,
+    "ThermalState": results.ThermalState,
     "FailureReason": harness.FailureReason,
     "KVCache": domain.KVCache,
     "Attention": domain.Attention,

@@ -13,7 +13,8 @@ from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_d
 from agent.drivers.host.driver import HostDriver, HostRoofline
 from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import RunAssignment, RunResult
+from decodebench.contracts.protocol import RunAssignment
+from decodebench.contracts.results import RunResult
 from decodebench.harness import HarnessJob
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,8 +95,8 @@ def interpreter_tokens(artifact_path: Path, tmp_path: Path, prompt: list[int]) -
 def test_w4_reads_fewer_bytes_and_decodes_the_interpreters_tokens(
     tmp_path: Path, artifacts: dict[str, Path]
 ) -> None:
+    from decodebench.contracts.presets import TINY_GQA
     from decodebench.modeling import build_model, greedy_decode
-    from decodebench.presets import TINY_GQA
 
     fp16, fp16_roofline, job = measure(tmp_path, artifacts["fp16"])
     w4, w4_roofline, _ = measure(tmp_path, artifacts["w4"])

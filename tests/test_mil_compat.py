@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from decodebench.building import coreml_compat
+from decodebench import coreml_compat
 from decodebench.mil import compat
 from decodebench.mil.interpreter import Interpreter
 from decodebench.mil.program import quiet_coremltools

@@ -14,11 +14,11 @@ from coremltools.converters.mil.mil import Program
 
 from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.contracts.domain import Attention, VariantSpec
+from decodebench.contracts.presets import TINY_GQA
 from decodebench.mil.interpreter import Interpreter, numpy_dtype
 from decodebench.mil.program import MilError, load_package, quiet_coremltools
 from decodebench.mil.verify import open_session
 from decodebench.modeling import build_model, greedy_decode, step_inputs
-from decodebench.presets import TINY_GQA
 from tests.test_mil_interpreter import decompression_oracles
 
 pytestmark = pytest.mark.slow

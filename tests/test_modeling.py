@@ -7,6 +7,7 @@ import torch
 from torch.nn import functional
 
 from decodebench.contracts.domain import Attention
+from decodebench.contracts.presets import TINY_GQA, ModelConfig
 from decodebench.modeling import (
     GroupedQueryAttention,
     build_model,
@@ -15,7 +16,6 @@ from decodebench.modeling import (
     parameter_count,
     step_inputs,
 )
-from decodebench.presets import TINY_GQA, ModelConfig
 
 CONTEXT = 64
 PROMPT = [1, 17, 42, 7]

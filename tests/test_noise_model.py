@@ -7,10 +7,10 @@ import pytest
 from pydantic import ValidationError
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec
+from decodebench.contracts.profiles import IPHONE_17_PRO, DeviceNoise
 from decodebench.contracts.verdicts import Verdict
 from decodebench.judging.simulation import SimulatedDesign, simulated_pair
 from decodebench.judging.verdicts import judge_variant
-from decodebench.profiles import IPHONE_17_PRO, DeviceNoise
 from decodebench.timing import RunNoise, TimingParameters, simulate_decode
 
 BYTES = 1_400_000_000

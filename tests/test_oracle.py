@@ -12,8 +12,8 @@ import torch
 
 from decodebench.building.weights import hf_config_dict
 from decodebench.contracts.domain import Attention, KVCache
+from decodebench.contracts.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA, TINY_QWEN, ModelConfig
 from decodebench.modeling import build_model, greedy_decode
-from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA, TINY_QWEN, ModelConfig
 
 transformers = pytest.importorskip("transformers")
 

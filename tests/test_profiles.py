@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from decodebench.profiles import (
+from decodebench.contracts.profiles import (
     DEVICE_PROFILES,
     IPHONE_15_PRO,
     IPHONE_16_PRO,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decodebench.building.quant.recipe import RecipeError, parse_recipe
+from decodebench.contracts.recipes import RecipeError, parse_recipe
 from tests.conftest import bearer, table_counts
 from tests.test_run_lifecycle import SWEEP, result_for
 

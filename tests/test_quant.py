@@ -16,7 +16,6 @@ from decodebench.building.quant.numeric import (
     quantize_linear,
     to_dtype,
 )
-from decodebench.building.quant.recipe import INT4, INT8, LUT6, RecipeError, parse_recipe
 from decodebench.building.quant.sensitivity import (
     calibration_tokens,
     measure,
@@ -24,8 +23,9 @@ from decodebench.building.quant.sensitivity import (
     rank,
 )
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
+from decodebench.contracts.recipes import INT4, INT8, LUT6, RecipeError, parse_recipe
 from decodebench.modeling import build_model
-from decodebench.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
 
 
 @pytest.mark.parametrize(

@@ -220,7 +220,7 @@ def test_the_worker_references_smollm2_once_and_its_table_reads_like_the_tokeniz
     from decodebench.building.reference import reference_set
     from decodebench.building.weights import model_config_from_hf
     from decodebench.contracts.domain import prompt_set_identity
-    from decodebench.presets import SMOLLM2_135M
+    from decodebench.contracts.presets import SMOLLM2_135M
 
     config = json.loads((smollm2_folder / "config.json").read_text())
     # The catalog's shape (what a sweep is validated against) is the checkpoint's.

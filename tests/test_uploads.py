@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.presets import TINY_LLAMA
+from decodebench.contracts.presets import TINY_LLAMA
 from tests.conftest import bearer, table_counts
 
 pytest.importorskip("transformers")

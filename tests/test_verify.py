@@ -15,10 +15,10 @@ from coremltools.converters.mil.mil import types
 from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.cli import main
 from decodebench.contracts.domain import Attention, VariantSpec
+from decodebench.contracts.presets import TINY_GQA
 from decodebench.mil.inputs import InputMapping, recognise, step_feed
 from decodebench.mil.interpreter import Interpreter
 from decodebench.mil.program import MilError, load_package, quiet_coremltools
-from decodebench.presets import TINY_GQA
 
 pytestmark = pytest.mark.slow
 

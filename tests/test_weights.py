@@ -16,8 +16,8 @@ from decodebench.building.weights import (
     load_checkpoint,
     model_config_from_hf,
 )
+from decodebench.contracts.presets import TINY_EXAONE, TINY_LLAMA, TINY_QWEN, ModelConfig
 from decodebench.modeling import build_model, greedy_decode
-from decodebench.presets import TINY_EXAONE, TINY_LLAMA, TINY_QWEN, ModelConfig
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ import httpx
 
 from decodebench.artifacts import pack_directory
 from decodebench.client import ApiError, DecodebenchClient
-from decodebench.contracts.protocol import BuildOutcome
+from decodebench.contracts.workers import BuildOutcome
 from decodebench.toolchain import ToolchainMismatch, check_toolchain
 from worker.config import WorkerSettings
 from worker.references import with_references

@@ -16,7 +16,7 @@ from decodebench.building.cache import REPORT_NAME
 from decodebench.client import DecodebenchClient
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import CHAT_PROMPT_SET, CUSTOM_PROMPT_SET, build_key
-from decodebench.contracts.protocol import BuildAssignment
+from decodebench.contracts.workers import BuildAssignment
 
 
 def with_references(

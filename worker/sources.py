@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decodebench.client import DecodebenchClient
-from decodebench.contracts.protocol import BuildAssignment
+from decodebench.contracts.presets import ModelConfig, get_preset
 from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind, ModelView, upload_identity
+from decodebench.contracts.workers import BuildAssignment
 from decodebench.modelfiles import content_sha256
-from decodebench.presets import ModelConfig, get_preset
 
 
 class SourceError(RuntimeError):

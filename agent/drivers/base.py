@@ -15,7 +15,8 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from decodebench.contracts.names import DeviceStatus, Driver
-from decodebench.contracts.protocol import DeviceInfo, RunResult
+from decodebench.contracts.protocol import DeviceInfo
+from decodebench.contracts.results import RunResult
 from decodebench.harness import HarnessJob, HarnessPrompt
 
 __all__ = [

@@ -38,14 +38,9 @@ from agent.drivers.base import (
 )
 from decodebench.client import file_sha256
 from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, DeviceStatus, Driver
-from decodebench.contracts.protocol import (
-    DeviceInfo,
-    PromptResult,
-    RunAssignment,
-    RunResult,
-    ThermalState,
-)
-from decodebench.profiles import DeviceProfile, get_profile
+from decodebench.contracts.profiles import DeviceProfile, get_profile
+from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.results import PromptResult, RunResult, ThermalState
 from decodebench.timing import (
     RunNoise,
     TimingParameters,

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
+from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile
 
 CATEGORIES = ("weights", "kv_read", "kv_write", "redundant", "total")
 MIB = 1024**2

@@ -34,10 +34,10 @@ from decodebench.building.cache import (
     model_identity,
     request_key,
 )
-from decodebench.building.quant.recipe import TARGETS, parse_recipe
 from decodebench.contracts.build import BuildReport, QuantSummary
 from decodebench.contracts.domain import VariantSpec
-from decodebench.presets import REGISTRY_MODELS, ModelConfig, get_preset
+from decodebench.contracts.presets import REGISTRY_MODELS, ModelConfig, get_preset
+from decodebench.contracts.recipes import TARGETS, parse_recipe
 from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:

@@ -48,11 +48,11 @@ from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 
-from decodebench.building import coreml_compat
+from decodebench import coreml_compat
 from decodebench.building.quant.apply import QuantPlan, apply_plan
 from decodebench.contracts.domain import KVCache, VariantSpec
+from decodebench.contracts.presets import ModelConfig
 from decodebench.modeling import DecodeStepModel, example_inputs
-from decodebench.presets import ModelConfig
 
 DECODE_FUNCTION = "main"
 PREFILL_FUNCTION = "prefill"

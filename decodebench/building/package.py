@@ -31,7 +31,7 @@ from decodebench.building.cache import request_key
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
-from decodebench.presets import ModelConfig
+from decodebench.contracts.presets import ModelConfig
 
 VERIFY_STEPS = 4  # decode steps the folded package must match the uploaded one on
 

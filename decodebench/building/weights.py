@@ -1,6 +1,6 @@
 """Real weights: a Hugging Face style folder (``config.json`` + ``*.safetensors``) as a model.
 
-:func:`load_checkpoint` maps the config onto a :class:`~decodebench.presets.ModelConfig` and
+:func:`load_checkpoint` maps the config onto a :class:`~decodebench.contracts.presets.ModelConfig` and
 reads every tensor the decoder needs, refusing what it cannot build faithfully with an error that
 names the offending key (``config.json: hidden_act`` or the tensor name). :func:`fingerprint`
 identifies the folder's contents for the build key.
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from decodebench.presets import ModelConfig, RopeScaling
+from decodebench.contracts.presets import ModelConfig, RopeScaling
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

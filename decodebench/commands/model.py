@@ -12,9 +12,12 @@ Exit status 0, or 2 on error.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
+
+from decodebench.commands.common import CliError, add_server_options, client
+
+UPLOAD_TIMEOUT_S = 300.0
 
 
 def register(subparsers: Any) -> None:
@@ -39,10 +42,7 @@ def register(subparsers: Any) -> None:
     listing = actions.add_parser("list", help="list the server's models")
     listing.set_defaults(handler=cmd_list)
     for action in (upload, listing):
-        action.add_argument(
-            "--server", default=os.environ.get("DECODEBENCH_SERVER_URL", "http://127.0.0.1:8000")
-        )
-        action.add_argument("--token", default=None, help="user API token (or DECODEBENCH_TOKEN)")
+        add_server_options(action)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -60,15 +60,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         return 2
     print(folder)
     return 0
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from decodebench.client import DecodebenchClient
-
-    token = args.token or os.environ.get("DECODEBENCH_TOKEN")
-    if not token:
-        raise ValueError("no API token: pass --token or set DECODEBENCH_TOKEN")
-    return DecodebenchClient(args.server, token, timeout=300.0)
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
@@ -95,12 +86,19 @@ def cmd_upload(args: argparse.Namespace) -> int:
         print("decodebench model upload: error: --chunk-mib must be at least 1", file=sys.stderr)
         return 2
     try:
-        with _client(args) as client:
+        with client(args, timeout=UPLOAD_TIMEOUT_S) as server:
             model = upload_model(
-                client, Path(args.source), args.name,
+                server, Path(args.source), args.name,
                 chunk_bytes=args.chunk_mib * 2**20, progress=progress, log=log,
             )  # fmt: skip
-    except (ValueError, ModelFileError, UploadError, ApiError, httpx.TransportError) as error:
+    except (
+        CliError,
+        ValueError,
+        ModelFileError,
+        UploadError,
+        ApiError,
+        httpx.TransportError,
+    ) as error:
         print(f"decodebench model upload: error: {error}", file=sys.stderr)
         return 2
     print(
@@ -116,9 +114,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from decodebench.client import ApiError
 
     try:
-        with _client(args) as client:
-            models = client.list_models()
-    except (ValueError, ApiError, httpx.TransportError) as error:
+        with client(args, timeout=UPLOAD_TIMEOUT_S) as server:
+            models = server.list_models()
+    except (CliError, ValueError, ApiError, httpx.TransportError) as error:
         print(f"decodebench model list: error: {error}", file=sys.stderr)
         return 2
     for model in models:

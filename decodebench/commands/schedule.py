@@ -14,13 +14,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from decodebench.commands.common import CliError, add_server_options, client
+
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("schedule", help="manage nightly schedules", description=__doc__)
-    parser.add_argument(
-        "--server", default=os.environ.get("DECODEBENCH_SERVER_URL", "http://127.0.0.1:8000")
+    parser = subparsers.add_parser(
+        "schedule",
+        help="manage nightly schedules",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--token", default=None, help="user API token (or DECODEBENCH_TOKEN)")
+    add_server_options(parser)
     actions = parser.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a schedule from a sweep spec")
     create.add_argument("name")
@@ -58,20 +62,19 @@ def _line(schedule: Any) -> str:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from decodebench.cli import CliError, _client
     from decodebench.client import ApiError
 
     try:
-        with _client(args) as client:
+        with client(args) as server:
             if args.action == "create":
-                print(_line(client.create_schedule(_create_request(args))))
+                print(_line(server.create_schedule(_create_request(args))))
             elif args.action == "list":
-                for schedule in client.list_schedules():
+                for schedule in server.list_schedules():
                     print(_line(schedule))
             elif args.action in ("pause", "resume"):
-                print(_line(client.set_schedule_paused(args.id, args.action == "pause")))
+                print(_line(server.set_schedule_paused(args.id, args.action == "pause")))
             else:
-                firing = client.run_schedule_now(args.id)
+                firing = server.run_schedule_now(args.id)
                 print(f"fired schedule {args.id}: sweep {firing.sweep_id} (firing {firing.id})")
     except (ApiError, ValueError) as error:
         raise CliError(f"schedule {args.action}: {error}") from None

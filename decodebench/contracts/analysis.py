@@ -2,7 +2,7 @@
 
 The analyser (:mod:`decodebench.analysis.analyze`) fills these from a saved ``.mlpackage``; the server,
 the CLI and the pages only read them, so they live here without coremltools. Predictions use the
-one prediction function, :meth:`decodebench.profiles.DeviceProfile.predicted_tok_s`.
+one prediction function, :meth:`decodebench.contracts.profiles.DeviceProfile.predicted_tok_s`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ConfigDict, SerializationInfo, model_serializer, model_validator
 
 from decodebench.contracts.base import Contract
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
+from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile
 
 
 class KvState(Contract):

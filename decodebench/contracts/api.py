@@ -2,7 +2,8 @@
 
 The server builds them, the client parses them, the pages render them and ``/openapi.json``
 publishes them, so a CI user can generate a typed client. Request bodies are the domain and
-protocol models (:mod:`decodebench.contracts.domain`, :mod:`decodebench.contracts.protocol`).
+protocol models (:mod:`decodebench.contracts.domain`, :mod:`decodebench.contracts.protocol`,
+:mod:`decodebench.contracts.results`, :mod:`decodebench.contracts.workers`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from decodebench.contracts.base import Contract
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.names import BuildState, DeviceStatus, Driver, RunState, SweepState
-from decodebench.contracts.protocol import DeviceCheck, ThermalState
+from decodebench.contracts.protocol import DeviceCheck
+from decodebench.contracts.results import ThermalState
 from decodebench.contracts.verdicts import OutputAgreement, VariantVerdict
 
 

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.base import Contract
 from decodebench.contracts.domain import VariantSpec
-from decodebench.presets import ModelConfig
+from decodebench.contracts.presets import ModelConfig
 
 METHOD = "kl_next_token_vs_fp16"
 

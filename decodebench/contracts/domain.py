@@ -18,13 +18,13 @@ from pydantic import (
     model_validator,
 )
 
-from decodebench.building.quant.recipe import RecipeError, parse_recipe
 from decodebench.contracts.base import Incoming
 from decodebench.contracts.names import SweepPriority
+from decodebench.contracts.presets import MODELS, has_tokenizer
+from decodebench.contracts.profiles import get_profile
+from decodebench.contracts.recipes import RecipeError, parse_recipe
 from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
-from decodebench.presets import MODELS, has_tokenizer
-from decodebench.profiles import get_profile
 
 NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
@@ -48,15 +48,6 @@ class Attention(StrEnum):
 class KVCache(StrEnum):
     state = "state"  # Core ML state, written in the graph (slice_update + state write)
     input = "input"  # a model input; the host writes the new token's K/V (outputs) itself
-
-
-class Quant(StrEnum):
-    """The named recipe presets (``topK`` for any K is one too; see decodebench.building.quant.recipe)."""
-
-    fp16 = "fp16"
-    w8 = "w8"
-    w4 = "w4"
-    base = "base"
 
 
 MAX_PREFILL_CHUNK = 512

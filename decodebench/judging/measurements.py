@@ -6,7 +6,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from decodebench.contracts.protocol import RunResult
+from decodebench.contracts.results import RunResult
 
 
 class PromptMeasurement(BaseModel):

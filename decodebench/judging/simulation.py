@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from decodebench.contracts.profiles import DeviceProfile
 from decodebench.judging.measurements import PromptMeasurement, RunMeasurement, VariantRuns
-from decodebench.profiles import DeviceProfile
 from decodebench.prompts import builtin_prompts
 from decodebench.timing import TimingParameters, simulate_decode
 
@@ -107,11 +107,6 @@ def simulated_pair(
         VariantRuns(variant="A", device_class=device_class, runs=tuple(runs["A"])),
         VariantRuns(variant="B", device_class=device_class, runs=tuple(runs["B"])),
     )
-
-
-def mean_decode_tok_s(runs: Sequence[RunMeasurement]) -> float:
-    """A sweep cell's headline figure: mean decode tok/s over every prompt of every run."""
-    return float(np.mean([prompt.decode_tok_s for run in runs for prompt in run.prompts]))
 
 
 def nightly_value(

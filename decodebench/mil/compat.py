@@ -1,7 +1,8 @@
 """Converter seams met while converting programs the project did not write (torch 2.13, ct 9.0).
 
-Kept apart from :mod:`decodebench.building.coreml_compat` (the project's own build path); each workaround
-is named after what it fixes and covered by ``tests/test_mil_compat.py``.
+Builds on :mod:`decodebench.coreml_compat` (the seams every conversion needs, the project's own
+build path included); each workaround is named after what it fixes and covered by
+``tests/test_mil_compat.py``.
 
 - ``aten::index_copy_``: Hugging Face's ``StaticCache`` writes new keys and values with
   ``cache.index_copy_(2, cache_position, states)``; coremltools 9.0 has no converter for it. A
@@ -19,7 +20,7 @@ from coremltools.converters.mil.frontend.torch.torch_op_registry import (
     register_torch_op,
 )
 
-from decodebench.building import coreml_compat
+from decodebench import coreml_compat
 
 
 def _index_copy(context: Any, node: Any) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from decodebench.building import coreml_compat
+from decodebench import coreml_compat
 from decodebench.mil import compat
 
 

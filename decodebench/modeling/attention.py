@@ -7,10 +7,10 @@ from torch import nn
 from torch.nn import functional
 
 from decodebench.contracts.domain import Attention, KVCache
+from decodebench.contracts.presets import ModelConfig
 from decodebench.modeling.kv_modes import kv_mode
 from decodebench.modeling.layers import RMSNorm, rotate_half
 from decodebench.modeling.layouts import AttentionLayout, layout_for
-from decodebench.presets import ModelConfig
 
 
 class GroupedQueryAttention(nn.Module):

@@ -27,11 +27,11 @@ from torch import nn
 from torch.nn import functional
 
 from decodebench.contracts.domain import Attention, KVCache
+from decodebench.contracts.presets import ModelConfig
 from decodebench.modeling.attention import GroupedQueryAttention
 from decodebench.modeling.kv_modes import kv_mode
 from decodebench.modeling.layers import MLP, RMSNorm, rope_tables
 from decodebench.modeling.layouts import layout_for
-from decodebench.presets import ModelConfig
 
 # Small enough that activations and logits stay well inside fp16 range at EXAONE width.
 INIT_STD = 0.02

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from decodebench.presets import ModelConfig
+from decodebench.contracts.presets import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from decodebench.contracts.domain import Attention
-from decodebench.presets import ModelConfig
+from decodebench.contracts.presets import ModelConfig
 
 
 class AttentionLayout:

@@ -26,9 +26,9 @@ from decodebench.contracts.protocol import (
     ResultsBatchStored,
     RunAssignment,
     RunFailure,
-    RunResult,
     UploadOutcome,
 )
+from decodebench.contracts.results import RunResult
 from server.agents import service
 from server.agents.wakeup import claim_wakeups
 from server.auth import AgentToken, SessionDep, UserToken, authenticated, bearer_given

@@ -8,8 +8,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.names import DeviceStatus, Driver
+from decodebench.contracts.profiles import UnknownDeviceClass, get_profile
 from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
-from decodebench.profiles import UnknownDeviceClass, get_profile
 from server import tenancy
 from server.auth import AGENT_OF_TOKEN
 from server.errors import Conflict, InvalidInput, NotAuthenticated

@@ -8,7 +8,7 @@ from decodebench.contracts.api import BuildDetail, BuildStateView, Reenqueued
 from decodebench.contracts.base import Incoming
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import BuildState
-from decodebench.contracts.protocol import (
+from decodebench.contracts.workers import (
     BuildAssignment,
     BuildFailure,
     BuildLease,

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, prompt_set_identity
-from decodebench.contracts.protocol import PromptSetRequest
-from decodebench.presets import has_tokenizer
+from decodebench.contracts.presets import has_tokenizer
+from decodebench.contracts.workers import PromptSetRequest
 from server.errors import InvalidInput
 from server.models import Build, Sweep, SweepVariant
 

@@ -10,7 +10,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec, build_key
-from decodebench.contracts.protocol import BuildFailure, BuildOutcome, BuildProgress
+from decodebench.contracts.workers import BuildFailure, BuildOutcome, BuildProgress
 from server import tenancy
 from server.builds.references import check_references
 from server.errors import Conflict, InvalidInput, NotFound

@@ -9,7 +9,7 @@ from sqlalchemy.orm import object_session
 from decodebench.contracts.api import AnalysisSummary, BuildDetail, BuildView
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import BuildState
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile
+from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile
 from server.builds.reports import readable_report
 from server.models import Build
 from server.profiles.service import current_profiles

@@ -22,7 +22,7 @@ from decodebench.calibration import (
     calibrated_profile,
     fit_profile,
 )
-from decodebench.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
+from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
 from server import tenancy
 from server.builds.reports import readable_report
 from server.errors import Conflict

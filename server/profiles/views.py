@@ -10,7 +10,7 @@ from decodebench.contracts.api import (
     ProfileParameter,
     ProfileView,
 )
-from decodebench.profiles import BANDWIDTH, DEVICE_PROFILES, OVERHEAD, DeviceProfile
+from decodebench.contracts.profiles import BANDWIDTH, DEVICE_PROFILES, OVERHEAD, DeviceProfile
 from server.models import ProfileCalibration
 from server.profiles import service
 

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import RateSummary, RunSummary
-from decodebench.contracts.protocol import PromptResult, RunResult
+from decodebench.contracts.results import PromptResult, RunResult
 from decodebench.stats import summarize
 from server.db import follow_up_after_commit
 from server.errors import Conflict, InvalidInput, NotFound

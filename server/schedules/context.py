@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from decodebench.contracts.protocol import PROTOCOL_VERSION
+from decodebench.contracts.results import PROTOCOL_VERSION
 from decodebench.stats import summarize
 from server.models import Agent, Run, RunState, Sweep
 from server.sweeps.verdicts import measured_arms

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.names import DeviceStatus
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.profiles import DEVICE_PROFILES
 from server import tenancy
 from server.errors import Conflict, NotFound
 from server.models import Build, BuildState, Device, Run, RunState, Sweep, SweepState

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.profiles import DEVICE_PROFILES
 from server import tenancy
 from server.artifacts.endpoints import StoreDep
 from server.auth import SessionDep

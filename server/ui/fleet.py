@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.profiles import DEVICE_PROFILES
 from server import tenancy
 from server.agents.service import list_devices
 from server.models import Device, Run, RunState

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from starlette.datastructures import FormData
 
 from decodebench.contracts.domain import SweepSpec
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.profiles import DEVICE_PROFILES
 
 MAX_FORM_VARIANTS = 4
 VARIANT_FIELDS = ("name", "attention", "kv", "context", "prefill_chunk", "quant", "layers")

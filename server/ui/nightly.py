@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.profiles import DEVICE_PROFILES
 from decodebench.contracts.schedules import AlertStatus, AlertView, SeriesView
-from decodebench.profiles import DEVICE_PROFILES
 from server import tenancy
 from server.models import Alert, Schedule, ScheduleFiring, Sweep
 from server.schedules import service, views

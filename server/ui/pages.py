@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import Attention, KVCache, SweepSpec
-from decodebench.presets import PRESETS
-from decodebench.profiles import DEVICE_PROFILES
+from decodebench.contracts.presets import PRESETS
+from decodebench.contracts.profiles import DEVICE_PROFILES
 from server import tenancy
 from server.auth import SessionDep
 from server.builds.diff import diff_builds

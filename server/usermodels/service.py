@@ -9,8 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from decodebench.building.quant.recipe import parse_recipe
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.recipes import parse_recipe
 from decodebench.contracts.uploads import (
     UPLOAD_PREFIX,
     ModelFileView,

@@ -41,7 +41,8 @@ from agent.drivers.host.memory import (
     stream_bandwidth,
 )
 from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
-from decodebench.contracts.protocol import DeviceInfo, PromptResult, RunResult, ThermalState
+from decodebench.contracts.protocol import DeviceInfo
+from decodebench.contracts.results import PromptResult, RunResult, ThermalState
 from decodebench.harness import MonotonicClock, run_prompt, warm_up
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from agent.drivers.ios.errors import (
     PROFILE_UNTRUSTED,
 )
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import DeviceCheck, ThermalState
+from decodebench.contracts.protocol import DeviceCheck
+from decodebench.contracts.results import ThermalState
 from decodebench.harness import HARNESS_PROTOCOL_VERSION
 
 # Core ML compiles the pushed .mlpackage into an .mlmodelc next to it: room for both.

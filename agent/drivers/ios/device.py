@@ -13,9 +13,9 @@ from typing import Any
 
 from agent.drivers.base import DriverError
 from decodebench.contracts.names import DeviceStatus, Driver
+from decodebench.contracts.profiles import DEVICE_PROFILES
 from decodebench.contracts.protocol import DeviceInfo
 from decodebench.harness import HARNESS_BUNDLE_ID
-from decodebench.profiles import DEVICE_PROFILES
 
 log = logging.getLogger(__name__)
 

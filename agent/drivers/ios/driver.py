@@ -48,7 +48,8 @@ from agent.drivers.ios.install import ensure_harness
 from agent.drivers.ios.launchers import Launcher
 from agent.drivers.ios.syslog import start_capture
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import DeviceCheck, DeviceInfo, RunResult, ThermalState
+from decodebench.contracts.protocol import DeviceCheck, DeviceInfo
+from decodebench.contracts.results import RunResult, ThermalState
 from decodebench.harness import (
     HARNESS_LOG,
     JOB_FILE,

@@ -1,6 +1,6 @@
 """Weight quantization: the recipe grammar (no heavy imports), numerics, sensitivity, MIL ops."""
 
-from decodebench.building.quant.recipe import (
+from decodebench.contracts.recipes import (
     PRESET_RECIPES,
     QuantRecipe,
     RecipeError,

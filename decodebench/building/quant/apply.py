@@ -27,7 +27,7 @@ from decodebench.building.quant.numeric import (
     quantize_linear,
     to_dtype,
 )
-from decodebench.building.quant.recipe import QuantRecipe, Scheme, Target
+from decodebench.contracts.recipes import QuantRecipe, Scheme, Target
 
 _LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)_proj\.weight")
 EMBED = "model.embed_tokens.weight"
@@ -163,12 +163,6 @@ def fake_quantize(
     if scheme.kind == "lut":
         return decompress(compress(weight, scheme), dtype)
     return fake_quantize_linear(weight.to(torch.float16), scheme.bits, scheme.block, dtype)
-
-
-def compressed_bytes(compressed: Compressed) -> int:
-    if isinstance(compressed, Palettized):
-        return compressed.indices.size * compressed.bits // 8 + compressed.lut.nbytes
-    return compressed.data.size * compressed.bits // 8 + compressed.scale.nbytes
 
 
 def apply_plan(program: object, plan: QuantPlan) -> dict[str, str]:

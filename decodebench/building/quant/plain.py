@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 
 from decodebench.building.quant.apply import QuantPlan
 from decodebench.building.quant.numeric import palettize
-from decodebench.building.quant.recipe import Scheme
+from decodebench.contracts.recipes import Scheme
 
 
 def _lut_function(bits: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from decodebench.building.cache import BuildCache, ranking_key
 from decodebench.building.quant.apply import QuantPlan
-from decodebench.building.quant.recipe import QuantRecipe
 from decodebench.building.quant.sensitivity import (
     CALIBRATION_PROMPTS,
     CALIBRATION_TOKENS,
@@ -24,8 +23,9 @@ from decodebench.building.quant.sensitivity import (
     rank,
 )
 from decodebench.contracts.build import METHOD, LayerSensitivity, SensitivityReport
+from decodebench.contracts.presets import ModelConfig
+from decodebench.contracts.recipes import QuantRecipe
 from decodebench.modeling import DecodeStepModel
-from decodebench.presets import ModelConfig
 from decodebench.prompts import prompt_set_digest
 
 

@@ -38,8 +38,8 @@ from torch.nn import functional
 
 from decodebench.building.quant.apply import QuantPlan, fake_quantize
 from decodebench.building.quant.numeric import to_dtype
-from decodebench.building.quant.recipe import QuantRecipe
 from decodebench.contracts.build import LayerSensitivity
+from decodebench.contracts.recipes import QuantRecipe
 from decodebench.modeling import DecodeStepModel, inverse_frequencies
 from decodebench.prompts import builtin_prompts, pseudo_tokenize
 

@@ -34,7 +34,7 @@ public enum HarnessError: Error, CustomStringConvertible {
         }
     }
 
-    /// decodebench.devices.harness.FailureReason of this error.
+    /// decodebench.harness.FailureReason of this error.
     public var reason: FailureReason {
         switch self {
         case .missingJob: return .missing_job

@@ -12,7 +12,7 @@ public protocol StepEngine {
     mutating func step(token: Int, position: Int) throws -> Int
 }
 
-/// What the harness watches around the timed steps (decodebench.devices.harness.SweepObserver).
+/// What the harness watches around the timed steps (decodebench.harness.SweepObserver).
 public protocol SweepObserver: AnyObject {
     /// After every step of a timed prompt: sample memory; throw if the run was interrupted.
     func afterStep() throws
@@ -31,7 +31,7 @@ public enum MonotonicClock {
     public static func now() -> UInt64 { clock_gettime_nsec_np(CLOCK_UPTIME_RAW) }
 }
 
-/// Why the job cannot run (decodebench.devices.harness.job_problem, the same checks), or nil.
+/// Why the job cannot run (decodebench.harness.job_problem, the same checks), or nil.
 public func jobProblem(_ job: HarnessJob) -> String? {
     if job.protocolVersion != HarnessProtocol.version {
         return "job.json speaks harness protocol \(job.protocolVersion), the harness speaks \(HarnessProtocol.version)"

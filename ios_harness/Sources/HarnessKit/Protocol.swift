@@ -1,5 +1,5 @@
 // The JSON the harness reads and writes. Field names are the Python schema's
-// (decodebench/devices/harness.py, decodebench/contracts/protocol.py); tests/test_harness_swift_schema.py
+// (decodebench/devices/harness.py, decodebench/contracts/results.py); tests/test_harness_swift_schema.py
 // checks every CodingKeys raw value below against the pydantic JSON schema.
 import Foundation
 
@@ -27,13 +27,13 @@ public enum KVCache: String, Codable, Sendable {
     case state, input
 }
 
-/// decodebench.devices.harness.FailureReason: why a done marker says ok: false.
+/// decodebench.harness.FailureReason: why a done marker says ok: false.
 public enum FailureReason: String, Codable, Sendable {
     case interrupted, missing_job, bad_job, protocol_version, missing_package, model_error
 }
 
 public enum HarnessProtocol {
-    /// decodebench.devices.harness.HARNESS_PROTOCOL_VERSION; also Info.plist's DecodebenchHarnessProtocol.
+    /// decodebench.harness.HARNESS_PROTOCOL_VERSION; also Info.plist's DecodebenchHarnessProtocol.
     public static let version = 1
     public static let defaultThermalWaitS = 60.0
     public static let maxThermalWaitS = 600.0
@@ -105,7 +105,7 @@ public struct HarnessPrompt: Codable, Sendable {
     }
 }
 
-/// One prompt of the sweep (decodebench.contracts.protocol.PromptResult).
+/// One prompt of the sweep (decodebench.contracts.results.PromptResult).
 public struct PromptResult: Codable, Sendable {
     public var promptIndex: Int
     public var promptTokens: Int
@@ -128,7 +128,7 @@ public struct PromptResult: Codable, Sendable {
     }
 }
 
-/// Documents/results.json (decodebench.contracts.protocol.RunResult).
+/// Documents/results.json (decodebench.contracts.results.RunResult).
 public struct RunResult: Codable, Sendable {
     public var protocolVersion: Int = HarnessProtocol.version
     public var deviceUdid: String

@@ -99,7 +99,7 @@ class QuantRecipe(BaseModel):
     @property
     def canonical(self) -> str:
         """One spelling per recipe: the preset name when it is one, else sorted rules."""
-        for name, preset in _named_presets().items():
+        for name, preset in PRESET_RECIPES.items():
             if preset == self:
                 return name
         if (
@@ -128,10 +128,6 @@ PRESET_RECIPES: dict[str, QuantRecipe] = {
     "w4": _uniform(INT4),
     "base": QuantRecipe(embed=INT4, attn=INT4, ffn=INT4, lm_head=LUT6),
 }
-
-
-def _named_presets() -> dict[str, QuantRecipe]:
-    return PRESET_RECIPES
 
 
 _TOP = re.compile(r"^top(\d{1,3})$")
@@ -193,7 +189,3 @@ def parse_recipe(text: str) -> QuantRecipe:
             raise RecipeError(f"target {name!r} given twice")
         fields[name] = parse_scheme(scheme_text)
     return QuantRecipe.model_validate(fields)
-
-
-def canonical_recipe(text: str) -> str:
-    return parse_recipe(text).canonical

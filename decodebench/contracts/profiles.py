@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BANDWIDTH = "effective_bandwidth_mb_s"
 OVERHEAD = "dispatch_overhead_us"
-PARAMETERS = (BANDWIDTH, OVERHEAD)
 
 
 THERMAL_STATES = ("nominal", "fair", "serious", "critical")

@@ -13,7 +13,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Family = Literal["llama", "qwen2", "exaone4"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4")
 
 
 class RopeScaling(BaseModel):

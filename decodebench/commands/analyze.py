@@ -1,0 +1,42 @@
+"""``decodebench analyze PATH.mlpackage``: what a saved build's graph moves per decoded token.
+
+Reads the program with coremltools (no device needed) and prints its op counts, tile and
+state-write ops, weight bytes by encoding, and the bytes moved per token by category (weights,
+KV cache reads and writes, redundant copies). Exit status 0, or 2 when it cannot be analysed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from decodebench.commands.common import CliError
+
+
+def register(subparsers: Any) -> None:
+    analyze = subparsers.add_parser(
+        "analyze",
+        help="analyse the graph of a saved .mlpackage",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    analyze.add_argument("path")
+    analyze.add_argument("--json", action="store_true", help="print one JSON object")
+    analyze.set_defaults(handler=cmd_analyze)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage, render_analysis
+
+    try:
+        analysis = analyze_mlpackage(Path(args.path))
+    except AnalysisError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        payload = analysis.model_dump(mode="json")
+        print(json.dumps(payload, indent=2, sort_keys=True))
+        return 0
+    print(render_analysis(analysis, str(args.path)))
+    return 0

@@ -1,0 +1,90 @@
+"""``decodebench status SWEEP_ID``: a sweep's comparison table, and what the model answered.
+
+One row per device class x variant: decode tok/s with its 95% interval, the verdict against the
+baseline variant, the predicted tok/s, the tile ops, and whether the timings were measured on an
+iPhone or simulated. Sweeps of models with a tokenizer add each variant's answers beside the fp32
+reference. Exit status 0, or 2 on a server error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from decodebench.commands.common import CliError, add_server_options, client, describe_api_error
+from decodebench.contracts.api import ComparisonRow, SweepDetail
+
+
+def register(subparsers: Any) -> None:
+    status = subparsers.add_parser(
+        "status",
+        help="show a sweep's comparison table",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_server_options(status)
+    status.add_argument("sweep_id", type=int)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from decodebench.client import ApiError
+
+    with client(args) as server:
+        try:
+            sweep = server.get_sweep(args.sweep_id)
+        except ApiError as error:
+            raise CliError(describe_api_error(error)) from None
+    if args.json:
+        print(sweep.model_dump_json(indent=2))
+    else:
+        print(with_answers(sweep))
+    return 0
+
+
+def with_answers(sweep: SweepDetail) -> str:
+    """The comparison table, then what the model answered (models with a tokenizer)."""
+    from decodebench.commands.answers import format_answers
+
+    return "\n\n".join(filter(None, (format_comparison(sweep), format_answers(sweep))))
+
+
+def _versus_baseline(row: ComparisonRow, baseline: str) -> str:
+    """``1.63x [1.60, 1.66] faster`` (the verdict with its interval), ``baseline`` or ``—``."""
+    if row.variant == baseline:
+        return "baseline"
+    if row.verdict is None:
+        return "—"
+    decode = row.verdict.decode_tok_s
+    changed = "" if row.verdict.agreement is None or row.verdict.agreement.identical else " ≠tokens"
+    return f"{decode.interval_text()} {decode.label}{changed}"
+
+
+def format_comparison(sweep: SweepDetail) -> str:
+    header = (
+        f"{'device':16s} {'variant':28s} {'decode tok/s':>18s} {'vs baseline (95% CI)':>34s} "
+        f"{'predicted':>10s} {'tiles':>6s} {'tile MiB':>9s}  source"
+    )
+    lines = [
+        f"sweep {sweep.id} · {sweep.model} · {sweep.state}",
+        header,
+        "-" * len(header),
+    ]
+    for row in sweep.results:
+        mean = row.decode_tok_s_mean
+        rate = f"{mean:.1f} ± {row.decode_tok_s_ci95 or 0:.1f}" if mean is not None else "—"
+        speedup = _versus_baseline(row, sweep.baseline)
+        predicted = f"{row.predicted_tok_s:.1f}" if row.predicted_tok_s else "—"
+        tiles = "—" if row.tile_ops is None else str(row.tile_ops)
+        tile_mib = "—" if row.tile_mib is None else f"{row.tile_mib:.1f}"
+        source = {True: "SIMULATED", False: "measured", None: "—"}[row.simulated]
+        lines.append(
+            f"{row.device_class:16s} {row.variant:28s} {rate:>18s} {speedup:>34s} "
+            f"{predicted:>10s} {tiles:>6s} {tile_mib:>9s}  {source}"
+        )
+    if sweep.simulated:
+        lines.append(
+            "SIMULATED rows: timings from the device profile's roofline model, not an iPhone."
+        )
+    return "\n".join(lines)
