@@ -1,4 +1,4 @@
-// The decode sweep protocol (decodebench/devices/harness.py), step by step:
+// The decode sweep protocol (decodebench/harness.py), step by step:
 // prefill = the prompt fed one token at a time (the model takes one token per call); the last
 // prefill step's logits give the first generated token; N - 1 decode steps give the rest.
 // TTFT = the summed time of the prefill steps (the last one yields the first token).

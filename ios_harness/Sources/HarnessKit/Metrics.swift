@@ -1,7 +1,7 @@
 // What the harness reports about the device: memory footprint (task_info), thermal state,
 // Low Power Mode, product type and OS version.
 //
-// Memory, one definition on every side (decodebench/devices/harness.py): `peak_memory_bytes` is the
+// Memory, one definition on every side (decodebench/harness.py): `peak_memory_bytes` is the
 // largest phys_footprint sampled after every step of the timed prompts (decode-time memory);
 // `compile_peak_memory_bytes` is the lifetime footprint peak once compilation and loads are done.
 import Foundation

@@ -1,5 +1,5 @@
 // The JSON the harness reads and writes. Field names are the Python schema's
-// (decodebench/devices/harness.py, decodebench/contracts/results.py); tests/test_harness_swift_schema.py
+// (decodebench/harness.py, decodebench/contracts/results.py); tests/test_harness_swift_schema.py
 // checks every CodingKeys raw value below against the pydantic JSON schema.
 import Foundation
 
