@@ -110,3 +110,47 @@ def test_an_uploaded_package_that_is_no_package_is_refused(tmp_path) -> None:
     )
     with pytest.raises(SourceError, match="package: weights is not a .mlpackage"):
         assignment_source(Client(), assignment, tmp_path)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_tokenizer_models_references_come_from_the_folder_fetched_for_its_build(
+    smollm2_folder, tmp_path, monkeypatch
+) -> None:
+    """SmolLM2 cut to two layers: one fetch serves the build and its references, and the
+    report carries the key the server gave the build with its prompts."""
+    from decodebench.contracts.domain import prompt_set_identity
+    from decodebench.contracts.protocol import PromptSetRequest
+
+    fetched: list[str] = []
+
+    def fetch(name: str, *args, **kwargs) -> Path:
+        fetched.append(name)
+        return smollm2_folder
+
+    monkeypatch.setattr(realmodels, "fetch_model", fetch)
+    uploaded: list[Path] = []
+
+    class Client:
+        def upload_artifact(self, path: Path) -> str:
+            uploaded.append(path)
+            return "ef" * 32
+
+    variant = VariantSpec(context=64, layers=2, attention="folded")
+    texts = ["What is the capital of France?"]
+    request = PromptSetRequest(
+        texts=texts, count=1, decode_tokens=4, identity=prompt_set_identity(texts, 1, 4)
+    )
+    toolchain = toolchain_versions()
+    key = build_key("smollm2-135m", variant, toolchain, request.identity)
+    assignment = BuildAssignment(
+        build_id=1, key=key, model="smollm2-135m", variant=variant, state="building",
+        toolchain=toolchain, prompt_set=request,
+    )  # fmt: skip
+    report = build_assignment(
+        Client(),  # type: ignore[arg-type]
+        assignment, tmp_path / "work", tmp_path / "out", lambda stage, fraction: None,
+    )  # fmt: skip
+    assert fetched == ["smollm2-135m"] and len(uploaded) == 1
+    assert report.key == key and report.references is not None
+    assert report.references.detokenizer_sha256 == "ef" * 32
+    assert len(report.references.prompts[0].reference_ids) == 4
