@@ -19,10 +19,10 @@ from decodebench.building.sources import (
     SourceError,
     local_source,
 )
-from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.domain import Attention, VariantSpec, build_key
 from decodebench.contracts.protocol import BuildAssignment
 
-VARIANT = VariantSpec(context=64, attention="folded")
+VARIANT = VariantSpec(context=64, attention=Attention.folded)
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_an_assigned_registry_build_fetches_its_model_once(
     )  # fmt: skip
     stages: list[str] = []
     report = build_assignment(
-        None,  # type: ignore[arg-type]  (a registry model needs nothing from the server)
+        None,  # type: ignore[arg-type]  # a registry model needs nothing from the server
         assignment, tmp_path / "work", tmp_path / "out",
         lambda stage, fraction: stages.append(stage),
     )  # fmt: skip
@@ -70,7 +70,10 @@ def test_an_assigned_registry_build_fetches_its_model_once(
     assert report.key == assignment.key and report.model_identity == identity
     assert report.weights_path == str(tiny_llama_folder)
     assert stages[0] == "fetch" and stages[1] == "load_weights" and stages[-1] == "done"
-    again = build_assignment(None, assignment, tmp_path / "work", tmp_path / "again", print)  # type: ignore[arg-type]
+    again = build_assignment(
+        None,  # type: ignore[arg-type]
+        assignment, tmp_path / "work", tmp_path / "again", lambda stage, fraction: None,
+    )  # fmt: skip
     assert again.cache_hit and calls == {"parse_recipe": 2, "fetch_model": 2}
 
 
@@ -135,7 +138,7 @@ def test_a_tokenizer_models_references_come_from_the_folder_fetched_for_its_buil
             uploaded.append(path)
             return "ef" * 32
 
-    variant = VariantSpec(context=64, layers=2, attention="folded")
+    variant = VariantSpec(context=64, layers=2, attention=Attention.folded)
     texts = ["What is the capital of France?"]
     request = PromptSetRequest(
         texts=texts, count=1, decode_tokens=4, identity=prompt_set_identity(texts, 1, 4)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.analysis.analyze import GraphAnalysis, analyze_mlpackage
 from decodebench.building.cache import (
     PACKAGE_NAME,
     REPORT_NAME,
@@ -162,7 +162,7 @@ class Job:
     converter: Converter | None
     cache: BuildCache | None
 
-    def report(self, config: ModelConfig, analysis: Any, **fields: Any) -> BuildReport:
+    def report(self, config: ModelConfig, analysis: GraphAnalysis, **fields: Any) -> BuildReport:
         """The report of the package now in ``out_dir`` (wall time set by :func:`build`)."""
         return BuildReport(
             key=self.key,
