@@ -304,8 +304,8 @@ def test_idle_open_uploads_are_pruned(api, user_token) -> None:
 
 
 def test_a_package_that_cannot_be_read_fails_its_build_naming_it(tmp_path: Path) -> None:
-    from decodebench.building.build import BuildError
-    from decodebench.building.package import build_from_package
+    from decodebench.building.build import BuildError, build
+    from decodebench.building.sources import PackageSource, PresetSource
     from decodebench.contracts.domain import VariantSpec
 
     package = tmp_path / "x.mlpackage"
@@ -313,7 +313,9 @@ def test_a_package_that_cannot_be_read_fails_its_build_naming_it(tmp_path: Path)
     (package / "Manifest.json").write_text("{}")
     variant = VariantSpec(package="mine", context=128)
     with pytest.raises(BuildError, match="^package mine: "):
-        build_from_package(package, "tiny-gqa", "id", TINY_LLAMA, variant, tmp_path / "out")
+        build(
+            PackageSource(PresetSource(TINY_LLAMA.name), package, "id"), variant, tmp_path / "out"
+        )
 
 
 def test_another_projects_models_and_files_do_not_exist_for_a_token(

@@ -1,4 +1,5 @@
-"""Building one variant for the server: fetch the assignment, build, upload, report."""
+"""Building one variant for the server: take the build's lease, have the library build the
+assignment (:func:`decodebench.building.assignment.build_assignment`), upload, report."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.workers import BuildOutcome
 from decodebench.toolchain import ToolchainMismatch, check_toolchain
 from worker.config import WorkerSettings
-from worker.references import with_references
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +24,8 @@ PROGRESS_INTERVAL_S = 1.0
 
 def run_build(build_id: int, settings: WorkerSettings) -> str:
     """Returns what happened, for the task's result and the log."""
-    from decodebench.building.build import build_variant, toolchain_versions
-    from decodebench.building.cache import BuildCache
-    from decodebench.building.package import build_from_package, package_from_zip
-    from worker.sources import fetch_sources, model_config
+    from decodebench.building.assignment import build_assignment
+    from decodebench.building.build import toolchain_versions
 
     with DecodebenchClient(settings.server_url, settings.token) as client:
         assignment = client.get_build_assignment(build_id)
@@ -55,36 +53,7 @@ def run_build(build_id: int, settings: WorkerSettings) -> str:
         with tempfile.TemporaryDirectory(dir=settings.work_dir, prefix=f"build-{build_id}-") as tmp:
             out_dir = Path(tmp) / "out"
             try:
-                # The worker's own cache: a rebuilt variant is a hard link, and the per-layer
-                # sensitivity ranking of a model is measured once for all its variants.
-                cache = BuildCache(settings.work_dir / "cache")
-                progress("fetch", 0.0)
-                sources = fetch_sources(client, assignment, settings.work_dir / "models")
-                if sources.package is not None:  # a package built elsewhere: no conversion
-                    report = build_from_package(
-                        package_from_zip(sources.package, Path(tmp) / "package"),
-                        assignment.model,
-                        sources.identity,
-                        model_config(assignment.model, sources.weights),
-                        assignment.variant,
-                        out_dir,
-                        progress,
-                    )
-                else:
-                    report = build_variant(
-                        assignment.model, assignment.variant, out_dir, progress=progress,
-                        cache=cache, weights=sources.weights,
-                        weights_fingerprint=sources.weights_fingerprint,
-                    )  # fmt: skip
-                if assignment.prompt_set is not None:  # a model with a tokenizer
-                    progress("references", 1.0)
-                    report = with_references(
-                        report, assignment, out_dir, client, settings.work_dir / "references"
-                    )
-                if report.key != assignment.key:  # one key for one toolchain, on both sides
-                    raise ToolchainMismatch(
-                        f"this worker keys the build {report.key}, the server {assignment.key}"
-                    )
+                report = build_assignment(client, assignment, settings.work_dir, out_dir, progress)
                 progress("upload", 1.0)
                 archive = pack_directory(out_dir, Path(tmp) / "artifact.zip")
                 sha256 = client.upload_artifact(archive)

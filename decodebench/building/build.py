@@ -1,5 +1,11 @@
 """Build one variant end to end: model -> sensitivity -> Core ML package -> analysis -> build.json.
 
+:func:`build` is the one path of every build: it takes a :class:`~decodebench.building.sources.Source`
+(where the model comes from: a preset, a checkpoint folder, a registry model, an upload, a
+package made elsewhere), fetches it once, parses the recipe once, keys the build, answers it
+from the cache or has the source make it, and writes the report. :func:`build_variant` is the
+same for a model named locally (the CLI, the benchmarks, the tests).
+
 The output directory holds ``model.mlpackage`` and ``build.json`` (a :class:`BuildReport`).
 Both are replaced atomically, so a crashed build never leaves a half-written artifact behind
 a valid-looking report. A build is keyed by (model identity, variant, toolchain): an identical
@@ -22,26 +28,27 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.analysis.analyze import GraphAnalysis, analyze_mlpackage
 from decodebench.building.cache import (
     PACKAGE_NAME,
     REPORT_NAME,
     BuildCache,
     find_build,
-    model_identity,
     request_key,
 )
 from decodebench.contracts.build import BuildReport, QuantSummary
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.presets import REGISTRY_MODELS, ModelConfig, get_preset
-from decodebench.contracts.recipes import TARGETS, parse_recipe
+from decodebench.contracts.presets import ModelConfig, get_preset
+from decodebench.contracts.recipes import TARGETS, QuantRecipe, parse_recipe
 from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:
     from decodebench.building.convert import Converter
+    from decodebench.building.sources import Source
 
 ProgressCallback = Callable[[str, float], None]
 
@@ -119,9 +126,8 @@ def resolve_config(model: str, variant: VariantSpec) -> ModelConfig:
     return config
 
 
-def validate_for_config(variant: VariantSpec, config: ModelConfig) -> None:
+def validate_for_config(recipe: QuantRecipe, config: ModelConfig) -> None:
     """What only the model can tell: raises :class:`BuildError` naming the field."""
-    recipe = parse_recipe(variant.quant)
     if recipe.promote_top > config.num_layers:
         raise BuildError(
             f"quant: top{recipe.promote_top} promotes more layers than the model's "
@@ -141,6 +147,39 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
+@dataclass
+class Job:
+    """One build as its source makes it: what is asked, how it is keyed, where it goes."""
+
+    model: str
+    variant: VariantSpec
+    recipe: QuantRecipe
+    identity: str
+    key: str
+    toolchain: dict[str, str]
+    out_dir: Path
+    clock: StageClock
+    converter: Converter | None
+    cache: BuildCache | None
+
+    def report(self, config: ModelConfig, analysis: GraphAnalysis, **fields: Any) -> BuildReport:
+        """The report of the package now in ``out_dir`` (wall time set by :func:`build`)."""
+        return BuildReport(
+            key=self.key,
+            model=self.model,
+            variant=self.variant,
+            config=config,
+            toolchain=self.toolchain,
+            stage_seconds=self.clock.seconds,
+            peak_rss_bytes=peak_rss_bytes(),
+            package=PACKAGE_NAME,
+            analysis=analysis,
+            model_identity=self.identity,
+            functions=analysis.functions,
+            **fields,
+        )
+
+
 def build_variant(
     model: str,
     variant: VariantSpec,
@@ -156,94 +195,68 @@ def build_variant(
 
     ``model`` is a preset name, or a label when ``weights`` names a Hugging Face folder. With a
     ``cache``, an identical earlier build is restored instead (``report.cache_hit``).
-    ``weights_fingerprint`` identifies ``weights`` when the caller knows its content already (a
-    worker building an uploaded model: the content hash the server keys the build by).
+    ``weights_fingerprint`` identifies ``weights`` when the caller knows its content already.
     """
+    from decodebench.building.sources import local_source
+
+    source = local_source(model, weights, weights_fingerprint)
+    return build(source, variant, out_dir, progress, converter, cache)
+
+
+def build(
+    source: Source,
+    variant: VariantSpec,
+    out_dir: Path,
+    progress: ProgressCallback | None = None,
+    converter: Converter | None = None,
+    cache: BuildCache | None = None,
+) -> BuildReport:
+    """The build of ``variant`` from ``source`` in ``out_dir``: fetched once, keyed, restored
+    when it was built before, else made by the source; ``build.json`` written last."""
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    fingerprint = weights_fingerprint
-    if weights is None and model in REGISTRY_MODELS:
-        # A registry model is pinned to one release: its name is its identity, so the server
-        # keys its builds without the weights; they are fetched once and cached.
-        from decodebench.building.realmodels import fetch_model
-
-        weights = fetch_model(model)
-    elif weights is not None and fingerprint is None:
-        from decodebench.building.weights import fingerprint as hash_folder
-
-        memo = (cache.root if cache else out_dir) / "fingerprints.json"
-        fingerprint = hash_folder(weights, memo)
-    identity = model_identity(model, fingerprint)
-    toolchain = toolchain_versions(converter)
+    recipe = parse_recipe(variant.quant)
+    source.prepare()
+    identity = source.identity((cache.root if cache else out_dir) / "fingerprints.json")
+    toolchain = toolchain_versions(converter if source.converts else None)
     key = request_key(identity, variant, toolchain)
-
-    found = find_build(out_dir, key, cache)
+    store = cache if source.cached else None
+    found = find_build(out_dir, key, store)
     if found is not None:
         return found.model_copy(
             update={"cache_hit": True, "wall_seconds": round(time.perf_counter() - started, 3)}
         )
-
-    report = _build(
-        model, identity, key, variant, out_dir, progress, converter, weights, toolchain, cache
-    )
+    job = Job(
+        source.model, variant, recipe, identity, key, toolchain, out_dir, StageClock(progress),
+        converter, cache,
+    )  # fmt: skip
+    report = source.make(job)
     if progress is not None:
         progress("done", 1.0)
     report.wall_seconds = round(time.perf_counter() - started, 3)
     _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
-    if cache is not None:
-        cache.store(key, out_dir)
+    if store is not None:
+        store.store(key, out_dir)
     return report
 
 
-def _build(
-    model: str,
-    identity: str,
-    key: str,
-    variant: VariantSpec,
-    out_dir: Path,
-    progress: ProgressCallback | None,
-    converter: Converter | None,
-    weights: Path | None,
-    toolchain: dict[str, str],
-    cache: BuildCache | None,
+def convert_job(
+    job: Job, config: ModelConfig, torch_model: Any, weights: Path | None
 ) -> BuildReport:
-    import torch
-
+    """Sensitivity, conversion, quantization, the finite check and the analysis of a loaded
+    decoder (``torch_model``, fp16, built for ``config``) into ``job.out_dir``."""
     from decodebench.building.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION
     from decodebench.building.quant.apply import QuantPlan
     from decodebench.building.quant.ranking import sensitivity_report
-    from decodebench.modeling import build_model
 
-    converter = converter or DEFAULT_CONVERTER
-    clock = StageClock(progress)
-    recipe = parse_recipe(variant.quant)
-    # fp16 from the start: the package stores fp16 anyway, and the EXAONE shape in fp32
-    # would need twice the memory for nothing.
-    if weights is not None:
-        from decodebench.building.weights import load_checkpoint
-
-        with clock.stage("load_weights"):
-            config, tensors = load_checkpoint(weights, torch.float16, variant.layers)
-            torch_model = build_model(
-                config, variant.context, variant.attention, torch.float16, variant.kv,
-                weights=tensors,
-            )  # fmt: skip
-            del tensors
-    else:
-        config = resolve_config(model, variant)
-        validate_for_config(variant, config)  # before seconds of building, when it can
-        with clock.stage("build_model"):
-            torch_model = build_model(
-                config, variant.context, variant.attention, torch.float16, variant.kv
-            )
-    validate_for_config(variant, config)
-
+    converter = job.converter or DEFAULT_CONVERTER
+    clock, recipe, variant = job.clock, job.recipe, job.variant
     plan = QuantPlan(recipe, config.tie_word_embeddings)
     sensitivity = None
     if recipe.needs_sensitivity:
         with clock.stage("sensitivity"):
             sensitivity = sensitivity_report(
-                torch_model, plan, identity, key, toolchain, cache,
+                torch_model, plan, job.identity, job.key, job.toolchain, job.cache,
                 lambda fraction: clock.within("sensitivity", fraction),
             )  # fmt: skip
             plan.promote(frozenset(sensitivity.promoted))
@@ -256,10 +269,10 @@ def _build(
     # the fp16 weights are then freed while quantization replaces them (~2.4 GB at EXAONE size).
     del torch_model
 
-    package = out_dir / PACKAGE_NAME
+    package = job.out_dir / PACKAGE_NAME
     # A report from an earlier build must not describe the package about to replace it.
-    (out_dir / REPORT_NAME).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".building-") as staging:
+    (job.out_dir / REPORT_NAME).unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(dir=job.out_dir, prefix=".building-") as staging:
         staged = Path(staging) / PACKAGE_NAME
         rewritten = converter.build_package(functions, config, variant, staged, plan, clock)
         plan._cache.clear()
@@ -283,20 +296,8 @@ def _build(
             weights={choice.name: choice.scheme for choice in plan.choices(parameter_names)},
             sensitivity=sensitivity,
         )
-    return BuildReport(
-        key=key,
-        model=model,
-        variant=variant,
-        config=config,
-        toolchain=toolchain,
-        stage_seconds=clock.seconds,
-        peak_rss_bytes=peak_rss_bytes(),
-        package=PACKAGE_NAME,
-        analysis=analysis,
-        model_identity=identity,
-        weights_path=str(weights) if weights is not None else None,
-        functions=analysis.functions,
-        quant=quant,
+    return job.report(
+        config, analysis, weights_path=str(weights) if weights is not None else None, quant=quant
     )
 
 

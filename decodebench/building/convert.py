@@ -164,30 +164,26 @@ class CoreMLToolsConverter:
         stages = stages or _NoStages()
         if set(functions) - {DECODE_FUNCTION, PREFILL_FUNCTION} or DECODE_FUNCTION not in functions:
             raise ConversionError(f"functions must be {DECODE_FUNCTION} [+ {PREFILL_FUNCTION}]")
-        if len(functions) == 1:
-            program = self.to_program(functions.pop(DECODE_FUNCTION), config, variant, stages)
-            rewritten = _quantize(program, plan, stages)
-            with stages.stage("save"):
-                write_package(program, path)
-            return rewritten
-        # Multifunction: each function converted and saved alone, then merged by coremltools,
-        # which deduplicates the (identically quantized) weights across functions.
-        rewritten = {}
+        # One function is written straight to ``path``. Several are converted and saved alone,
+        # then merged by coremltools, which deduplicates the (identically quantized) weights.
+        single = len(functions) == 1
+        rewritten: dict[str, str] = {}
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".functions-") as scratch:
             parts: dict[str, Path] = {}
             for name in list(functions):
                 program = self.to_program(functions.pop(name), config, variant, stages)
                 rewritten.update(_quantize(program, plan, stages))
-                parts[name] = Path(scratch) / f"{name}.mlpackage"
+                parts[name] = path if single else Path(scratch) / f"{name}.mlpackage"
                 with stages.stage("save"):
                     write_package(program, parts[name])
                 del program
-            with stages.stage("save"):
-                descriptor = ct.utils.MultiFunctionDescriptor()
-                for name, part in parts.items():
-                    descriptor.add_function(str(part), "main", name)
-                descriptor.default_function_name = DECODE_FUNCTION
-                ct.utils.save_multifunction(descriptor, str(path))
+            if not single:
+                with stages.stage("save"):
+                    descriptor = ct.utils.MultiFunctionDescriptor()
+                    for name, part in parts.items():
+                        descriptor.add_function(str(part), "main", name)
+                    descriptor.default_function_name = DECODE_FUNCTION
+                    ct.utils.save_multifunction(descriptor, str(path))
         return rewritten
 
     def convert(

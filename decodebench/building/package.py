@@ -12,24 +12,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.artifacts import unpack
 from decodebench.building.build import (
     BuildError,
-    ProgressCallback,
+    Job,
     StageClock,
     _replace_directory,
-    _write_atomically,
     check_finite_decode,
-    peak_rss_bytes,
-    toolchain_versions,
 )
-from decodebench.building.cache import request_key
 from decodebench.contracts.build import BuildReport
-from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
 from decodebench.contracts.presets import ModelConfig
 
@@ -54,43 +48,23 @@ def _kv_positions(source: Path) -> set[int]:
     return {state.positions for state in analysis.states if state.positions}
 
 
-def build_from_package(
-    source: Path,
-    model: str,
-    identity: str,
-    config: ModelConfig,
-    variant: VariantSpec,
-    out_dir: Path,
-    progress: ProgressCallback | None = None,
-) -> BuildReport:
-    """``source`` (an unpacked .mlpackage) as the build of ``variant`` in ``out_dir``; a package
-    that cannot be read, analysed or driven by the interpreter is a :class:`BuildError` naming
-    it and why (it must follow the decode interface the harness drives)."""
+def adopt_package(job: Job, source: Path, config: ModelConfig) -> BuildReport:
+    """``source`` (an unpacked .mlpackage) as the build of ``job.variant`` in ``job.out_dir``; a
+    package that cannot be read, analysed or driven by the interpreter is a :class:`BuildError`
+    naming it and why (it must follow the decode interface the harness drives)."""
     from decodebench.analysis.analyze import AnalysisError
     from decodebench.mil.program import MilError
 
-    if variant.package is None:
+    if job.variant.package is None:
         raise BuildError("package: this variant names no package")
     try:
-        return _build(source, model, identity, config, variant, out_dir, progress)
+        return _adopt(job, source, config)
     except (AnalysisError, MilError) as error:
-        raise BuildError(f"package {variant.package}: {error}") from None
+        raise BuildError(f"package {job.variant.package}: {error}") from None
 
 
-def _build(
-    source: Path,
-    model: str,
-    identity: str,
-    config: ModelConfig,
-    variant: VariantSpec,
-    out_dir: Path,
-    progress: ProgressCallback | None,
-) -> BuildReport:
-    started = time.perf_counter()
-    clock = StageClock(progress)
-    toolchain = toolchain_versions()
-    key = request_key(identity, variant, toolchain)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _adopt(job: Job, source: Path, config: ModelConfig) -> BuildReport:
+    variant, clock, out_dir = job.variant, job.clock, job.out_dir
     (out_dir / REPORT_NAME).unlink(missing_ok=True)
     with clock.stage("analyse"):
         positions = _kv_positions(source)
@@ -110,24 +84,7 @@ def _build(
         _replace_directory(staged, out_dir / PACKAGE_NAME)
     with clock.stage("analyse"):
         analysis = analyze_mlpackage(out_dir / PACKAGE_NAME)
-    report = BuildReport(
-        key=key,
-        model=model,
-        variant=variant,
-        config=config,
-        toolchain=toolchain,
-        stage_seconds=clock.seconds,
-        peak_rss_bytes=peak_rss_bytes(),
-        package=PACKAGE_NAME,
-        analysis=analysis,
-        model_identity=identity,
-        functions=analysis.functions,
-        wall_seconds=round(time.perf_counter() - started, 3),
-    )
-    if progress is not None:
-        progress("done", 1.0)
-    _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
-    return report
+    return job.report(config, analysis)
 
 
 def _fold_and_verify(source: Path, target: Path, clock: StageClock) -> None:
