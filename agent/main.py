@@ -395,7 +395,7 @@ class Agent:
             # Finished results first: claiming while they wait could see their run expire and
             # be claimed again, here or elsewhere.
             outbox = self.executor.outbox
-            if not await self._blocking(outbox.deliver, self.client.upload_results, self.stop):
+            if not await self._blocking(outbox.deliver, self.client.upload_many, self.stop):
                 break
             long_poll_s = 0 if self.settings.once else self.settings.claim_wait_s
             assert self._claims is not None
