@@ -9,8 +9,8 @@ thousand. A run (the driver's work on the phone, its lease) takes a thread of a 
 with the runs in flight, one per busy device; its results are written to the durable outbox and
 go up with the other devices' finishing at that moment (`BatchedUploads`, one request). The
 short blocking calls between runs (health probes, backlog deliveries) share a few threads. One
-thread heartbeats the whole inventory in one request (`Fleet`), however many change; the
-calling thread supervises and handles SIGTERM/SIGINT. Each device's claim carries a key sent
+thread heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S (`Fleet`,
+agent/fleet.py); the calling thread supervises and handles SIGTERM/SIGINT. Each device's claim carries a key sent
 again with its retries, so a claim whose answer is lost gets the same run. On shutdown no new
 run is claimed (one a long poll brings back is given back at once) and a run in flight either
 finishes or fails with "agent shutting down".
