@@ -248,14 +248,16 @@ FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _argument(name: str, field: FieldInfo) -> tuple[tuple[str, ...], dict[str, Any]]:
+def _argument(
+    name: str, field: FieldInfo, default: object
+) -> tuple[tuple[str, ...], dict[str, Any]]:
     flags = FLAGS.get(name, ("--" + name.replace("_", "-"),))
     env = f"{ENV_PREFIX}{name.upper()}"
     if isinstance(field.validation_alias, AliasChoices):
         env = str(field.validation_alias.choices[-1])
     options: dict[str, Any] = {
         "dest": name,
-        "default": None,
+        "default": default,
         "help": f"{field.description} (env {env})",
     }
     annotation = field.annotation
@@ -274,14 +276,19 @@ def _argument(name: str, field: FieldInfo) -> tuple[tuple[str, ...], dict[str, A
     return flags, options
 
 
+def add_settings_arguments(parser: argparse.ArgumentParser, default: object = None) -> None:
+    """A flag per setting; a flag not given is ``default`` (argparse.SUPPRESS: left out)."""
+    for name, field in AgentSettings.model_fields.items():
+        flags, options = _argument(name, field, default)
+        parser.add_argument(*flags, **options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m agent",
         description="decodebench device agent: claims runs for its devices and uploads results.",
     )
-    for name, field in AgentSettings.model_fields.items():
-        flags, options = _argument(name, field)
-        parser.add_argument(*flags, **options)
+    add_settings_arguments(parser)
     return parser
 
 
@@ -290,10 +297,23 @@ def parse_settings(
 ) -> AgentSettings:
     """Flags, then the environment, then defaults; exits with status 2 and a message when invalid."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    return settings_from(parser, parser.parse_args(argv), environ)
+
+
+def settings_from(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+) -> AgentSettings:
+    """The settings ``parser`` parsed into ``args``, then the environment, then defaults; exits
+    with status 2 and ``parser``'s message when invalid."""
     # Flags not given stay out, so the environment and the defaults fill them (a store_true
     # flag not given is None too).
-    given = {name: value for name, value in vars(args).items() if value is not None}
+    given = {
+        name: value
+        for name in AgentSettings.model_fields
+        if (value := getattr(args, name, None)) is not None
+    }
     reset = _ENVIRON.set(environ)
     try:
         settings = AgentSettings(**given)

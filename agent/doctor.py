@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Sequence
 
-from agent.config import AgentSettings, parse_settings
+from agent.config import AgentSettings, settings_from
 from agent.drivers.base import DriverError
 from agent.drivers.factory import build_driver
 from decodebench.client import ApiError, DecodebenchClient
@@ -55,13 +54,28 @@ def render(device: DeviceInfo, checks: list[DeviceCheck]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--queue-token", default=os.environ.get("DECODEBENCH_TOKEN"))
-    known, rest = pre.parse_known_args(argv)
-    if not any(arg == "--token" or arg.startswith("--token=") for arg in rest):
-        rest = [*rest, "--token", os.environ.get("DECODEBENCH_AGENT_TOKEN") or AGENT_TOKEN_UNUSED]
-    settings = parse_settings(rest)
+DESCRIPTION = (
+    "decodebench agent doctor: is every attached iPhone ready for runs, and if not, what to do. "
+    "Takes the agent's own flags; prints each device's checks as ✓ (holds), ✗ (fails, with "
+    "the fix) or ? (cannot be told), and exits 0 when no check fails on any device, 1 "
+    "otherwise, 2 when the agent's settings are unusable."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The doctor's flags besides the agent's own."""
+    parser.add_argument(
+        "--queue-token",
+        default=os.environ.get("DECODEBENCH_TOKEN"),
+        help="a user token, to size the queue's largest model (env DECODEBENCH_TOKEN)",
+    )
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The doctor, with the agent's flags and its own parsed by ``parser`` into ``args``."""
+    if getattr(args, "token", None) is None:  # the doctor claims nothing: any token will do
+        args.token = os.environ.get("DECODEBENCH_AGENT_TOKEN") or AGENT_TOKEN_UNUSED
+    settings = settings_from(parser, args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if settings.driver not in IPHONE_DRIVERS:
         print(
@@ -74,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"✗ cannot start the {settings.driver} driver: {error}")
         return 2
     try:
-        return _examine(driver, settings, known.queue_token)
+        return _examine(driver, settings, args.queue_token)
     finally:
         driver.close()
 

@@ -1,4 +1,5 @@
 """The agent process: register, heartbeat the inventory, claim and run work for each device.
+(Its command line is agent/cli.py; its devices and their heartbeat, agent/fleet.py.)
 
 One asyncio task per device claims and executes that device's runs, all on one event loop (the
 "devices" thread). The devices' claims are batched (`agent/batching.py`): those that ask within
@@ -8,8 +9,8 @@ thousand. A run (the driver's work on the phone, its lease) takes a thread of a 
 with the runs in flight, one per busy device; its results are written to the durable outbox and
 go up with the other devices' finishing at that moment (`BatchedUploads`, one request). The
 short blocking calls between runs (health probes, backlog deliveries) share a few threads. One
-thread heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S; the
-calling thread supervises and handles SIGTERM/SIGINT. Each device's claim carries a key sent
+thread heartbeats the whole inventory in one request, at most every HEARTBEAT_MIN_GAP_S (`Fleet`,
+agent/fleet.py); the calling thread supervises and handles SIGTERM/SIGINT. Each device's claim carries a key sent
 again with its retries, so a claim whose answer is lost gets the same run. On shutdown no new
 run is claimed (one a long poll brings back is given back at once) and a run in flight either
 finishes or fails with "agent shutting down".
@@ -20,37 +21,33 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import signal
-import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from types import FrameType
 from typing import TypeVar
 
 import httpx
 
 from agent.artifacts import ArtifactCache
 from agent.batching import ClaimBatcher
-from agent.config import AgentSettings, parse_settings
+from agent.config import AgentSettings
 from agent.drivers.base import DeviceDriver
 from agent.drivers.factory import build_driver
 from agent.drivers.fixes import with_status_fix
-from agent.health import BUSY, READY, DeviceHealth, gate
+from agent.fleet import DeviceSlot, Fleet
+from agent.health import READY, gate
 from agent.outbox import Outbox
 from agent.registration import (
     RegistrationRefused,
     ServerUnreachable,
-    agent_version,
     is_transient,
     register_with_backoff,
 )
 from agent.runner import RunExecutor, RunOutcome
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.contracts.names import DeviceStatus
-from decodebench.contracts.protocol import AgentRegistration, DeviceInfo
+from decodebench.contracts.protocol import DeviceInfo
 
 log = logging.getLogger("agent")
 _T = TypeVar("_T")
@@ -61,13 +58,10 @@ __all__ = [  # the registration helpers stay importable from here
     "ServerUnreachable",
     "build_driver",
     "is_transient",
-    "main",
     "register_with_backoff",
 ]
 
 SUPERVISE_TICK_S = 0.2
-# However many devices change state, the server hears from this agent at most this often.
-HEARTBEAT_MIN_GAP_S = 1.0
 # On shutdown, how long a device that is only waiting for work is waited for.
 IDLE_DEVICE_JOIN_S = 2.0
 # Threads for runs: made only as runs in flight need them (one per busy device, kept for the
@@ -76,17 +70,6 @@ RUN_THREADS_MAX = 4096
 # Threads for the short blocking calls between runs (health probes, outbox deliveries, a run
 # given back), shared by every device.
 CALL_THREADS = 16
-
-
-@dataclass
-class DeviceSlot:
-    info: DeviceInfo
-    health: DeviceHealth = field(default_factory=DeviceHealth)
-    current_run: int | None = None
-    empty_polls: int = 0
-    connected: bool = True
-    probed_at: float | None = None
-    task: asyncio.Task[None] | None = None
 
 
 class Agent:
@@ -106,10 +89,7 @@ class Agent:
             outbox=Outbox(settings.work_dir / "outbox"),
             run_timeout_s=settings.run_timeout_s,
         )
-        self._slots: dict[str, DeviceSlot] = {}
-        self._lock = threading.Lock()
-        self._inventory_changed = threading.Event()
-        self._last_activity = time.monotonic()
+        self.fleet = Fleet(settings, client, driver.discover, self.stop)
         self._stop_reason = ""
         # The devices' event loop, once it runs (see _serve_devices).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,7 +106,7 @@ class Agent:
         self._stop_reason = reason
         log.info("shutting down: %s", reason)
         self.stop.set()
-        self._inventory_changed.set()  # wake the heartbeat thread
+        self.fleet.changed.set()  # wake the heartbeat thread
         self._call_in_loop(self._wake_devices)
 
     def _call_in_loop(self, callback: Callable[[], None]) -> None:
@@ -153,12 +133,11 @@ class Agent:
             log.warning(
                 "no devices attached yet; waiting for the %s driver to find some", self.driver.name
             )
-        with self._lock:
-            self._slots = {device.udid: DeviceSlot(device) for device in devices}
+        self.fleet.serve(devices)
         try:
             registered = register_with_backoff(
                 self.client,
-                self._registration(),
+                self.fleet.registration(),
                 self.stop,
                 give_up_after_s=self.settings.max_idle_seconds,
             )
@@ -169,9 +148,9 @@ class Agent:
             return 0
         heartbeat_s = self.settings.heartbeat_interval_s or registered.heartbeat_interval_s
         heartbeat = threading.Thread(
-            target=self._heartbeat_loop, args=(heartbeat_s,), name="heartbeat"
+            target=self.fleet.heartbeat_loop, args=(heartbeat_s,), name="heartbeat"
         )
-        self._touch()
+        self.fleet.touch()
         heartbeat.start()
         serving = threading.Thread(target=self._serve_devices, name="devices")
         serving.start()
@@ -181,7 +160,7 @@ class Agent:
         serving.join()
         self._run_threads.shutdown(wait=False)
         self._call_threads.shutdown(wait=False)
-        self._send_heartbeat(status=DeviceStatus.offline)
+        self.fleet.send_heartbeat(status=DeviceStatus.offline)
         log.info("agent stopped (%s)", self._stop_reason)
         return 0
 
@@ -203,14 +182,14 @@ class Agent:
         self._claims = ClaimBatcher(
             self.client.claims, self._stopping, self.settings.poll_interval_s
         )
-        with self._lock:
-            slots = list(self._slots.values())
+        with self.fleet.lock:
+            slots = list(self.fleet.slots.values())
         for slot in slots:
             self._ensure_device_task(slot)
         self._loop_ready.set()
         await self._stopping.wait()
-        with self._lock:
-            tasks = [(s.task, s.current_run) for s in self._slots.values() if s.task]
+        with self.fleet.lock:
+            tasks = [(s.task, s.current_run) for s in self.fleet.slots.values() if s.task]
         # A run in flight finishes or fails; a long-poll claim is not waited out.
         busy = [task for task, run in tasks if run is not None]
         idle = [task for task, run in tasks if run is None]
@@ -243,45 +222,22 @@ class Agent:
         except TimeoutError:
             pass
 
-    def _registration(self) -> AgentRegistration:
-        return AgentRegistration(
-            name=self.settings.name,
-            hostname=socket.gethostname(),
-            version=agent_version(),
-            devices=self._inventory(),
-        )
-
     def inventory(self) -> list[DeviceInfo]:
         """The devices as the server is told about them (connected ones, with their status)."""
-        return self._inventory()
-
-    def _inventory(self, status: DeviceStatus | None = None) -> list[DeviceInfo]:
-        """What the heartbeat reports: ``status`` for every device when given (offline), else
-        busy for a device running one of our runs, else what its health says."""
-        with self._lock:
-            return [
-                slot.info
-                if status is None and not slot.current_run
-                else slot.info.model_copy(update={"status": status or BUSY, "status_detail": ""})
-                for slot in self._slots.values()
-                if slot.connected
-            ]
-
-    def _touch(self) -> None:
-        with self._lock:
-            self._last_activity = time.monotonic()
+        return self.fleet.inventory()
 
     def _supervise(self) -> None:
         settings = self.settings
         while not self.stop.wait(SUPERVISE_TICK_S):
-            self._reconcile_devices()
-            with self._lock:
-                slots = [slot for slot in self._slots.values() if slot.connected]
+            for slot in self.fleet.reconcile():  # new devices are served once announced
+                self._call_in_loop(functools.partial(self._ensure_device_task, slot))
+            with self.fleet.lock:
+                slots = [slot for slot in self.fleet.slots.values() if slot.connected]
                 busy = any(slot.current_run is not None for slot in slots)
                 all_idle = not busy and all(
                     slot.empty_polls >= settings.idle_polls for slot in slots
                 )
-                idle_s = time.monotonic() - self._last_activity
+                idle_s = self.fleet.idle_s()
             if settings.once and all_idle:
                 self.request_stop(
                     f"--once: no claimable runs for {settings.idle_polls} polls on any device"
@@ -289,63 +245,6 @@ class Agent:
             elif settings.max_idle_seconds is not None and not busy:
                 if idle_s > settings.max_idle_seconds:
                     self.request_stop(f"no run in flight for {idle_s:.0f} s (--max-idle-seconds)")
-
-    def _reconcile_devices(self) -> None:
-        """Follow attach and detach: new devices are announced, then served; gone ones stop."""
-        try:
-            present = {device.udid: device for device in self.driver.discover()}
-        except Exception:
-            log.exception("listing devices failed")
-            return
-        appeared: list[DeviceSlot] = []
-        with self._lock:
-            for udid, slot in self._slots.items():
-                if slot.connected and udid not in present:
-                    slot.connected = False
-                    log.warning("device %s (%s) disconnected", udid, slot.info.device_class)
-                    self._inventory_changed.set()
-            for udid, info in present.items():
-                known = self._slots.get(udid)
-                if known is not None and known.connected:
-                    continue
-                if known is None:
-                    known = self._slots[udid] = DeviceSlot(info)
-                known.connected = True
-                known.probed_at = None
-                log.info("device %s (%s) connected", udid, info.device_class)
-                appeared.append(known)
-        if appeared:
-            self._send_heartbeat()  # the server must know a device before it is claimed for
-            for slot in appeared:
-                self._call_in_loop(functools.partial(self._ensure_device_task, slot))
-
-    def _heartbeat_loop(self, interval_s: float) -> None:
-        while not self.stop.is_set():
-            self._inventory_changed.wait(interval_s)
-            self._inventory_changed.clear()
-            if not self.stop.is_set():
-                self._send_heartbeat()
-                # Changes meanwhile go together in the next one.
-                self.stop.wait(min(HEARTBEAT_MIN_GAP_S, interval_s))
-
-    def _send_heartbeat(self, status: DeviceStatus | None = None) -> None:
-        try:
-            self.client.heartbeat(self._inventory(status))
-        except ApiError as error:
-            if error.status_code in {401, 404} and status is None:
-                # The server no longer knows this agent (e.g. its database was reset).
-                log.warning("heartbeat refused (%s); registering again", error)
-                self._reregister()
-            else:
-                log.warning("heartbeat failed: %s", error)
-        except httpx.HTTPError as error:
-            log.warning("heartbeat failed, server unreachable: %r", error)
-
-    def _reregister(self) -> None:
-        try:
-            self.client.register_agent(self._registration())
-        except (ApiError, httpx.HTTPError) as error:
-            log.warning("registering again failed: %s", error)
 
     def _check_health(self, slot: DeviceSlot) -> DeviceInfo:
         """The device's gated info; probes the driver at most every health interval while ready,
@@ -375,12 +274,12 @@ class Agent:
                     health.held_status = info.status
                     health.held_until = now
         gated = with_status_fix(gate(info, health, self.policy, now))
-        with self._lock:
+        with self.fleet.lock:
             changed = gated.status != slot.info.status
             slot.info = gated
         if changed:
             log.info("device %s is %s", gated.udid, gated.status)
-            self._inventory_changed.set()
+            self.fleet.changed.set()
         return gated
 
     async def _device_loop(self, slot: DeviceSlot) -> None:
@@ -388,14 +287,14 @@ class Agent:
         while not self.stop.is_set() and slot.connected:
             info = await self._blocking(self._check_health, slot)
             if info.status != READY:
-                with self._lock:
+                with self.fleet.lock:
                     slot.empty_polls += 1
                 await self._pause(self.settings.poll_interval_s)
                 continue
             # Finished results first: claiming while they wait could see their run expire and
             # be claimed again, here or elsewhere.
             outbox = self.executor.outbox
-            if not await self._blocking(outbox.deliver, self.client.upload_results, self.stop):
+            if not await self._blocking(outbox.deliver, self.client.upload_many, self.stop):
                 break
             long_poll_s = 0 if self.settings.once else self.settings.claim_wait_s
             assert self._claims is not None
@@ -403,7 +302,7 @@ class Agent:
             if claim is None:
                 break  # stopping
             if claim.run is None:
-                with self._lock:
+                with self.fleet.lock:
                     slot.empty_polls += 1
                 if not long_poll_s:
                     await self._pause(self.settings.poll_interval_s)
@@ -411,12 +310,12 @@ class Agent:
             if self.stop.is_set():
                 await self._blocking(self._give_back, claim.run.run_id)
                 break
-            with self._lock:
+            with self.fleet.lock:
                 slot.empty_polls = 0
                 slot.current_run = claim.run.run_id
             # No heartbeat for busy and idle: the server knows from the run itself, and the
             # next regular heartbeat says so.
-            self._touch()
+            self.fleet.touch()
             try:
                 loop = asyncio.get_running_loop()
                 outcome = await loop.run_in_executor(
@@ -426,9 +325,9 @@ class Agent:
             except Exception:  # execute reports run failures itself; keep the device serving
                 log.exception("run %d: unexpected error outside the run", claim.run.run_id)
             finally:
-                with self._lock:
+                with self.fleet.lock:
                     slot.current_run = None
-                self._touch()
+                self.fleet.touch()
         log.info(
             "device %s: no longer serving (%s)",
             udid,
@@ -460,47 +359,3 @@ def _log_failure(task: asyncio.Task[None]) -> None:
     reconnects)."""
     if not task.cancelled() and task.exception() is not None:
         log.error("%s stopped serving", task.get_name(), exc_info=task.exception())
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_settings(argv)
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)-7s %(threadName)s %(name)s: %(message)s",
-    )
-    if settings.log_level != "DEBUG":
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # it logs every request at INFO
-    settings.work_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        driver = build_driver(settings)
-    except Exception as error:
-        log.error("cannot start the %s driver: %s", settings.driver, error)
-        return 2
-    log.info(
-        "agent %s starting: server %s, %s driver, devices %s, work dir %s",
-        settings.name,
-        settings.server_url,
-        driver.name,
-        ", ".join(f"{d.device_class} {d.udid}" for d in driver.discover()),
-        settings.work_dir,
-    )
-    devices = len(driver.discover())
-    with DecodebenchClient(
-        settings.server_url,
-        settings.api_token,
-        # A long poll (on a batch's claims client, which takes this timeout too) may last
-        # claim_wait_s; lease renewals and failure reports may overlap, for every device.
-        timeout=max(30.0, settings.claim_wait_s + 15.0),
-        max_connections=max(100, 2 * devices + 8),
-    ) as client:
-        agent = Agent(settings, client, driver)
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            agent.request_stop(f"received {signal.Signals(signum).name}")
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        try:
-            return agent.run()
-        finally:
-            driver.close()

@@ -6,7 +6,8 @@ nor an agent restart loses a finished run. Each run's entry goes up at once, in 
 the other devices' entries finishing at that moment (`BatchedUploads`: one agent serves many
 devices); its run holds it meanwhile. The backlog left by an outage or a previous process is
 delivered oldest first, by whichever device is about to claim, each entry by one thread at a
-time. Uploads are idempotent per (run, prompt) on the server, so delivering one twice would
+time. Every upload goes up as a batch (`POST /agents/results`), a backlog entry as a batch of
+one. Uploads are idempotent per (run, prompt) on the server, so delivering one twice would
 still store it once.
 An entry leaves the outbox once the server stored it, or refused it for good (a 4xx: the run
 was claimed again by another device, or has ended): retrying could not change that answer.
@@ -80,12 +81,12 @@ class Outbox:
 
     def deliver(
         self,
-        upload: Callable[[int, RunResult], object],
+        send: Callable[[Sequence[str]], ResultsBatchStored],
         stop: threading.Event,
         until: Path | None = None,
     ) -> bool:
         """Deliver ``until`` alone, or else every entry nobody else is delivering (oldest
-        first), retrying while the server is unreachable or failing, until done or ``stop`` is
+        first), each as a batch of one (``send``: the batched upload), retrying while the server is unreachable or failing, until done or ``stop`` is
         set. True when done."""
         backoff_s = 1.0
         while not stop.is_set():
@@ -104,7 +105,7 @@ class Outbox:
                 continue
             try:
                 if entry.exists():
-                    self._deliver_one(entry, upload)
+                    self._deliver_one(entry, send)
                 backoff_s = 1.0
             except (httpx.TransportError, ApiError) as error:
                 log.warning(
@@ -132,22 +133,30 @@ class Outbox:
         with self._flight_lock:
             self._in_flight.discard(entry)
 
-    def _deliver_one(self, entry: Path, upload: Callable[[int, RunResult], object]) -> None:
+    def _deliver_one(
+        self, entry: Path, send: Callable[[Sequence[str]], ResultsBatchStored]
+    ) -> None:
         try:
-            stored = json.loads(entry.read_text())
+            text = entry.read_text()
+            stored = json.loads(text)
             run_id = int(stored["run_id"])
-            result = RunResult.model_validate(stored["result"])
+            RunResult.model_validate(stored["result"])
         except (ValueError, KeyError, TypeError) as error:  # not ours to guess: keep it aside
             log.error("outbox: %s is unreadable (%s); set aside as .unreadable", entry.name, error)
             entry.rename(entry.with_name(entry.name + ".unreadable"))
             return
+        refusal: ApiError | None
         try:
-            upload(run_id, result)
-            refusal = None
+            outcomes = {outcome.run_id: outcome for outcome in send([text]).outcomes}
         except ApiError as error:
             if error.status_code >= 500 or error.status_code == 429:
                 raise
-            refusal = error
+            refusal = error  # the batch of one refused whole: this entry refused
+        else:
+            outcome = outcomes.get(run_id)
+            if outcome is None:
+                raise ApiError(502, f"the server's answer has no outcome for run {run_id}")
+            refusal = None if outcome.status == 200 else ApiError(outcome.status, outcome.detail)
         self.settled(entry, run_id, refusal)
         _fsync_directory(self.directory)
 
@@ -169,19 +178,17 @@ class BatchedUploads:
     that runs hand it (`deliver`) into one `POST /agents/results` each, and answers each run
     with its own outcome. The entries are read as stored and sent as they are. A batch the
     server refuses whole (one entry it cannot read, say) goes back to its runs, each delivered
-    alone (`Outbox.deliver`), so one bad entry holds back no other."""
+    in a batch of its own (`Outbox.deliver`), so one bad entry holds back no other."""
 
     def __init__(
         self,
         outbox: Outbox,
         upload_many: Callable[[Sequence[str]], ResultsBatchStored],
-        upload_one: Callable[[int, RunResult], object],
         stop: threading.Event,
         gather_s: float = GATHER_S,
     ) -> None:
         self.outbox = outbox
         self._upload_many = upload_many
-        self._upload_one = upload_one
         self._stop = stop
         self._gather_s = gather_s
         self._waiting: list[tuple[Path, Future[bool | None]]] = []
@@ -205,8 +212,8 @@ class BatchedUploads:
             delivered = answer.result()
         finally:
             self.outbox.release(entry)
-        if delivered is None:  # alone, the way it was delivered before batches
-            return self.outbox.deliver(self._upload_one, self._stop, until=entry)
+        if delivered is None:  # in a batch of its own
+            return self.outbox.deliver(self._upload_many, self._stop, until=entry)
         return delivered
 
     def _serve(self) -> None:
@@ -270,7 +277,9 @@ class BatchedUploads:
         except ApiError as error:
             if error.status_code < 500 and error.status_code != 429:
                 log.warning(
-                    "outbox: %d uploads refused together (%s); each goes alone", len(mine), error
+                    "outbox: %d uploads refused together (%s); each goes in a batch of its own",
+                    len(mine),
+                    error,
                 )
                 return False  # each run delivers its own entry (answered None)
             failure: Exception = error
@@ -297,7 +306,7 @@ class BatchedUploads:
         for entry, answer, _ in mine:
             outcome = outcomes.get(_run_id(entry))
             if outcome is None:
-                continue  # not answered: delivered alone
+                continue  # not answered: delivered in a batch of its own
             refusal = None if outcome.status == 200 else ApiError(outcome.status, outcome.detail)
             self.outbox.settled(entry, outcome.run_id, refusal)
             done.append(answer)

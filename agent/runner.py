@@ -241,7 +241,7 @@ class RunExecutor:
         self.outbox = outbox
         self.run_timeout_s = run_timeout_s
         # Each run's results go up with the others finishing at that moment (one request).
-        self.uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, shutdown)
+        self.uploads = BatchedUploads(outbox, client.upload_many, shutdown)
 
     def execute(self, assignment: RunAssignment, device: DeviceInfo) -> RunOutcome:
         run_id = assignment.run_id

@@ -58,7 +58,7 @@ def profile(uploads: int) -> dict:
     from server.auth import lookup_token
     from server.db import commit_with_follow_ups, get_engine, get_sessionmaker
     from server.manage import create_token_command, migrate
-    from server.runs import service as runs
+    from server.runs import results as runs
 
     migrate()
     tokens = {kind: create_token_command(kind, f"bench-{kind}", None) for kind in

@@ -133,11 +133,13 @@ def devices(session: Session, project: int | None = None) -> ColumnElement[bool]
     return Device.project_id.is_(None) | _owned(session, Device.project_id)
 
 
-def claimable_by(device: Device) -> ColumnElement[bool]:
-    """The runs a device may claim: any project's, or only its own project's when pinned."""
-    if device.project_id is None:
-        return true()
-    return Run.sweep_id.in_(select(Sweep.id).where(Sweep.project_id == device.project_id))
+def claimable(
+    sweep_project: ColumnElement[int | None], device_project: ColumnElement[int | None]
+) -> ColumnElement[bool]:
+    """Whether a device (pinned to ``device_project``, or shared when it is NULL) may claim the
+    runs of a sweep of ``sweep_project``: a shared device any project's, a pinned one only its
+    own project's. The queue's ranking (server/runs/queue.py) is built from this clause."""
+    return device_project.is_(None) | (sweep_project == device_project)
 
 
 def owner(session: Session) -> int:

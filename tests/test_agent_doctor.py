@@ -95,3 +95,28 @@ def test_doctor_exits_0_when_every_device_is_ready(tmp_path: Path) -> None:
     assert "(iOS 16.7.10)" in result.stdout and "(iOS 26.0.1)" in result.stdout
     assert "✓ tunnel: RemoteServiceDiscovery answers through tunneld" in result.stdout
     assert result.stdout.rstrip().endswith("all devices ready")
+
+
+def help_of(*command: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return " ".join(result.stdout.split())  # argparse wraps lines to the terminal's width
+
+
+def test_each_command_of_the_agent_has_its_own_help() -> None:
+    doctor_help = help_of("doctor")
+    assert doctor_help.startswith("usage: python -m agent doctor ")
+    assert "decodebench agent doctor: is every attached iPhone ready for runs" in doctor_help
+    assert "--queue-token" in doctor_help and "--driver" in doctor_help
+    assert "claims runs for its devices" not in doctor_help
+
+    agent_help = help_of()
+    assert agent_help.startswith("usage: python -m agent ")
+    assert "decodebench device agent: claims runs for its devices" in agent_help
+    assert "doctor" in agent_help and "--queue-token" not in agent_help

@@ -4,6 +4,7 @@ with the rules of the single requests (fair share, idempotent claim keys, per-ru
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import httpx
 import pytest
@@ -307,7 +308,7 @@ def test_an_agents_devices_claim_and_upload_in_a_few_requests(stack, tmp_path) -
     assert len(set(runs.values())) == devices and claim_requests <= 2
     outbox = Outbox(tmp_path / "outbox")
     stop = threading.Event()
-    uploads = BatchedUploads(outbox, client.upload_many, client.upload_results, stop, gather_s=0.5)
+    uploads = BatchedUploads(outbox, client.upload_many, stop, gather_s=0.5)
     entries = [
         outbox.put(
             run_id, RunResult.model_validate(result_for(range(3), 40.0, udid=udid)), hold=True
@@ -428,6 +429,7 @@ def test_a_held_entry_is_left_to_its_run_by_the_backlog_delivery(tmp_path) -> No
     import threading
 
     from agent.outbox import Outbox
+    from decodebench.contracts.protocol import ResultsBatchStored, UploadOutcome
     from decodebench.contracts.results import RunResult
 
     outbox = Outbox(tmp_path / "outbox")
@@ -436,8 +438,14 @@ def test_a_held_entry_is_left_to_its_run_by_the_backlog_delivery(tmp_path) -> No
     old = outbox.put(8, result)  # left by an earlier process
     sent: list[int] = []
     stop = threading.Event()
-    assert outbox.deliver(lambda run_id, _: sent.append(run_id), stop)
+
+    def send(uploads: Sequence[str]) -> ResultsBatchStored:
+        run_ids = [json.loads(upload)["run_id"] for upload in uploads]
+        sent.extend(run_ids)
+        return ResultsBatchStored(outcomes=[UploadOutcome(run_id=i, status=200) for i in run_ids])
+
+    assert outbox.deliver(send, stop)
     assert sent == [8] and held.exists() and not old.exists()
     outbox.release(held)
-    assert outbox.deliver(lambda run_id, _: sent.append(run_id), stop)
+    assert outbox.deliver(send, stop)
     assert sent == [8, 7] and not outbox.pending()

@@ -89,8 +89,9 @@ def claim_assignment(
     device_udid: str,
     settings: Settings,
     claim_key: str | None = None,
-) -> tuple[RunAssignment | None, str]:
-    """Claim the next run for a device; with it, the device's class. A run whose assignment
+) -> tuple[RunAssignment | None, set[str]]:
+    """Claim the next run for a device; with it, the device's class (what its long poll waits
+    on, as `claim_assignments` gives the classes of a batch's devices). A run whose assignment
     cannot be built (a stored report that no longer reads, say) is failed with the reason, and
     the claim moves on to the next: one bad row must not jam its device class's queue."""
     device_class = ""
@@ -105,14 +106,14 @@ def claim_assignment(
             aging_s=settings.fair_share_aging_s,
         )
         if run is None:
-            return None, device_class
+            return None, {device_class}
         try:
-            return assignment_for(session, run, settings), device_class
+            return assignment_for(session, run, settings), {device_class}
         except Exception as error:  # noqa: BLE001 - any defect of the stored rows fails this run only
             reason = f"cannot assign run {run.id}: {type(error).__name__}: {error}"[:500]
             logger.warning(reason)
             runs.fail_unassignable(session, run, reason)
-    return None, device_class
+    return None, {device_class}
 
 
 def claim_assignments(

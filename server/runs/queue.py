@@ -23,16 +23,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select, text
+from sqlalchemy import Integer, bindparam, cast, column, select, table, text
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.names import SweepPriority
+from server import tenancy
 from server.models import Run, RunState
 
 PRIORITY_WEIGHTS = {SweepPriority.ci: 4.0, SweepPriority.nightly: 2.0, SweepPriority.adhoc: 1.0}
 
+# Which sweeps a device may take runs from is tenancy's rule (server/tenancy.py), for the
+# device's pin given as :project_id.
+_SWEEPS = table("sweeps", column("project_id")).alias("s")
+_CLAIMABLE = str(tenancy.claimable(_SWEEPS.c.project_id, cast(bindparam("project_id"), Integer)))
+
 _RANKED_SWEEPS = text(
-    """
+    f"""
     SELECT s.id, busy.running, share.weight, s.priority, served.last_started
     FROM sweeps AS s
     CROSS JOIN LATERAL (
@@ -50,7 +56,7 @@ _RANKED_SWEEPS = text(
                    / :aging_s) AS weight
     ) AS share
     WHERE s.state IN ('building', 'running')
-      AND (CAST(:project_id AS integer) IS NULL OR s.project_id = :project_id)
+      AND ({_CLAIMABLE})
       AND EXISTS (
         SELECT 1 FROM runs AS q
         WHERE q.sweep_id = s.id AND q.device_class = :device_class AND q.state = 'queued'

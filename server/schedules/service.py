@@ -22,7 +22,7 @@ from decodebench.contracts.schedules import ScheduleCreate
 from server import tenancy
 from server.config import get_settings
 from server.errors import Conflict, InvalidInput, NotFound
-from server.models import Schedule, ScheduleFiring, Sweep
+from server.models import Schedule, ScheduleFiring
 from server.sweeps.service import submit_sweep
 
 CLOCK_ENVIRONMENTS = ("test", "development")
@@ -142,10 +142,6 @@ def run_now(session: Session, schedule_id: int, now: datetime) -> ScheduleFiring
     if firing is None:
         raise Conflict(f"schedule {schedule_id} already fired at {now.isoformat()}")
     return firing
-
-
-def firing_sweep(session: Session, firing: ScheduleFiring) -> Sweep | None:
-    return session.get(Sweep, firing.sweep_id) if firing.sweep_id else None
 
 
 def firings_of(session: Session, schedule_id: int) -> list[ScheduleFiring]:
