@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,15 +89,29 @@ def test_third_party_import_noise_goes_to_debug_logging(tmp_path: Path) -> None:
         assert set(noise) <= shown, debug.stderr[-2000:]
 
 
-def test_only_the_import_noise_is_demoted(caplog: pytest.LogCaptureFixture) -> None:
-    import logging
+@pytest.fixture
+def coremltools_logger() -> Iterator[logging.Logger]:
+    """coremltools' logger as a fresh process has it: a CLI command run earlier in this process
+    may have quietened it to ERROR."""
+    logger = logging.getLogger("coremltools")
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
+    yield logger
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+def test_only_the_import_noise_is_demoted(
+    caplog: pytest.LogCaptureFixture, coremltools_logger: logging.Logger
+) -> None:
     import warnings
 
     from decodebench import _quiet
 
     _quiet.route_import_noise()
     _quiet.route_import_noise()  # idempotent: one filter, one hook
-    coremltools = logging.getLogger("coremltools")
+    coremltools = coremltools_logger
     assert coremltools.filters.count(_quiet._FILTER) == 1
     caplog.set_level(logging.INFO)
     coremltools.warning("Failed to load _MLModelProxy: No module named 'x'")

@@ -184,7 +184,7 @@ def test_a_storm_of_claims_leaves_slots_for_every_other_request(monkeypatch) -> 
 def test_a_long_poll_that_waits_out_its_turn_is_answered_empty_not_503(monkeypatch) -> None:
     """Past its deadline in the admission queue, a long poll ends as any long poll does (no run;
     the agent claims again at once); a plain claim that finds no slot is still a 503."""
-    from server.agents import endpoints
+    from server.agents import endpoints, longpoll
     from server.limits import ServerBusy
 
     looked: list[float] = []
@@ -198,7 +198,7 @@ def test_a_long_poll_that_waits_out_its_turn_is_answered_empty_not_503(monkeypat
             await asyncio.Event().wait()
             return {}
 
-    monkeypatch.setattr(endpoints, "_look", saturated)
+    monkeypatch.setattr(longpoll, "_look", saturated)
     long_poll = ClaimRequest(device_udid="SIM-1", wait_seconds=30)
     answer = asyncio.run(endpoints.claim(long_poll, Request()))
     assert answer.run is None and 29 < looked[0] <= 30  # it could wait its whole long poll
