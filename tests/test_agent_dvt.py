@@ -19,9 +19,7 @@ from agent.doctor import largest_queued_model
 from agent.drivers.ios_fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
 from decodebench.client import DecodebenchClient
 from decodebench.devices.emulated.fleet import EmulatedFleet
-from tests import test_agent_emulated as emulated
-from tests.conftest import table_counts
-from tests.test_agent_emulated import (
+from tests.support.lab import (
     PROMPTS,
     device_status,
     finish,
@@ -31,8 +29,14 @@ from tests.test_agent_emulated import (
     sweep_state,
     wait_until,
 )
+from tests.support.services import table_counts
 
-stack = emulated.stack  # the same real stack: server, worker, Postgres, Redis
+
+@pytest.fixture
+def stack(worker_stack: Stack) -> Stack:
+    """The same real stack as the emulated agent's tests: server, worker, Postgres, Redis."""
+    return worker_stack
+
 
 pytestmark = pytest.mark.slow
 

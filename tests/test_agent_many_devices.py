@@ -13,7 +13,8 @@ import psutil
 from agent.main import CALL_THREADS
 from scripts.stack import Stack
 from scripts.standins import complete_builds, moving, time_scale_for
-from tests.conftest import bearer, query
+from tests.support.api import bearer
+from tests.support.services import query
 
 DEVICES = 40
 DEVICE_CLASS = "iphone-17-pro"

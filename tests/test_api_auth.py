@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tests.conftest import bearer
+from tests.support.api import bearer
 
 SWEEP = {"model": "tiny-gqa", "variants": [{"attention": "folded"}], "devices": ["iphone-17-pro"]}
 

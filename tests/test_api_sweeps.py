@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import bearer, table_counts
+from tests.support.api import bearer
+from tests.support.services import table_counts
 
 SWEEP = {
     "model": "tiny-gqa",

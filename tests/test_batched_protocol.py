@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import bearer, query
-from tests.test_run_lifecycle import result_for
-from tests.test_scheduling import register, submit
+from tests.support.api import bearer
+from tests.support.services import query
+from tests.support.sweeps import register, result_for, submit
 
 
 def claims(api, agent_token: str, pairs: list[tuple[str, str]], **extra):
@@ -212,7 +212,7 @@ def test_waiting_batches_hold_no_slot_and_wake_when_runs_become_claimable(stack)
     import asyncio
     import time
 
-    from tests.test_run_lifecycle import SWEEP, finish_builds
+    from tests.support.sweeps import SWEEP, finish_builds
 
     tokens = stack.tokens
     batches = 30
@@ -338,7 +338,7 @@ def test_batched_claims_and_heartbeats_over_the_same_devices_never_deadlock(
     import random
     import threading
 
-    from tests.test_run_lifecycle import DEVICE
+    from tests.support.sweeps import DEVICE
 
     devices = 40
     for _ in range(3):
@@ -386,7 +386,7 @@ def test_batched_claims_and_heartbeats_over_the_same_devices_never_deadlock(
 
 def test_a_batch_whose_answer_is_lost_gets_the_same_runs_when_retried(stack) -> None:
     """A real server process; the first batch's answer is dropped between server and agent."""
-    from tests.test_scheduling import lost_then_retried
+    from tests.support.proxy import lost_then_retried
 
     tokens = stack.tokens
     with httpx.Client(base_url=stack.server_url, timeout=30) as direct:

@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from tests.conftest import bearer, complete_build, make_token, page_csrf, ui_sign_in
+from tests.support.api import bearer, complete_build, make_token
+from tests.support.pages import page_csrf, ui_sign_in
 
 TRUE_BANDWIDTH_MB_S = 61_000.0
 TRUE_OVERHEAD_US = 4.0

@@ -8,13 +8,9 @@ from decodebench.building.build import build_variant
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.presets import TINY_GQA
-from tests.conftest import (
-    bearer,
-    build_report,
-    complete_build,
-    start_and_complete,
-    ui_sign_in,
-)
+from scripts.standins import build_report
+from tests.support.api import bearer, complete_build, start_and_complete
+from tests.support.pages import ui_sign_in
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from stack import Stack
 
 from decodebench.cli import wait_for_sweep
 from decodebench.client import DecodebenchClient
-from tests.conftest import table_counts
+from tests.support.services import table_counts
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import redis
 from sqlalchemy import text
 
 from decodebench.broker import BUILD_QUEUE, BUILD_TASK
-from tests.conftest import REDIS_URL, bearer, table_counts
+from tests.support.api import bearer
+from tests.support.services import REDIS_URL, table_counts
 
 SWEEP = {
     "model": "tiny-gqa",

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from tests.conftest import bearer, table_counts
-from tests.test_run_lifecycle import SWEEP, ready_sweep, result_for  # noqa: F401
+from tests.support.api import bearer
+from tests.support.services import table_counts
+from tests.support.sweeps import SWEEP, result_for
 
 SWEEP_JSON = json.dumps(SWEEP)
 
@@ -62,7 +63,7 @@ def test_ids_outside_their_column_are_422(api, user_token, path, where) -> None:
     assert response.json()["detail"][0]["loc"][0] == where
 
 
-def test_bad_result_figures_are_refused(api, ready_sweep, agent_token) -> None:  # noqa: F811
+def test_bad_result_figures_are_refused(api, ready_sweep, agent_token) -> None:
     agent = bearer(agent_token)
     claim = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent)
     run_id = claim.json()["run"]["run_id"]
@@ -85,7 +86,7 @@ def test_bad_result_figures_are_refused(api, ready_sweep, agent_token) -> None: 
     assert table_counts()["prompt_results"] == 0
 
 
-def test_results_of_an_ended_run_are_immutable(api, ready_sweep, agent_token, user_token) -> None:  # noqa: F811
+def test_results_of_an_ended_run_are_immutable(api, ready_sweep, agent_token, user_token) -> None:
     agent = bearer(agent_token)
     claim = api.post("/api/v1/agents/claim", json={"device_udid": "SIM-0001"}, headers=agent)
     run_id = claim.json()["run"]["run_id"]

@@ -19,7 +19,7 @@ from decodebench.judging.gate import (
     render_markdown,
 )
 from decodebench.judging.verdicts import judge_sweep
-from tests.test_judging_verdicts import arm
+from tests.support.judging import arm
 
 
 @pytest.fixture(scope="module")

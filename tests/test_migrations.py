@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, inspect
 
-from tests.conftest import TEST_DATABASE, recreate_database
+from tests.support.services import TEST_DATABASE, recreate_database
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = f"{TEST_DATABASE}_migrations"  # apart from any other test run's scratch

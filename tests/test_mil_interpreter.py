@@ -18,10 +18,9 @@ from decodebench.mil.interpreter import (
     Interpreter,
     InterpreterError,
     UnsupportedOpError,
-    numpy_dtype,
 )
-from decodebench.mil.ops import KERNELS, OpArgs
 from decodebench.mil.program import MilError
+from tests.support.mil import decompression_oracles
 
 RNG = np.random.default_rng(0)
 
@@ -236,22 +235,6 @@ def test_bad_inputs_and_failing_ops_are_reported() -> None:
     )
     with pytest.raises(InterpreterError, match="op #.* 'oob' .* failed: index 7 is out of bounds"):
         Interpreter(program).run({"x": X})
-
-
-def decompression_oracles(program: Program) -> int:
-    """Each constexpr op through our kernel vs coremltools' own decompression; returns count."""
-    checked = 0
-    for op in program.functions["main"].operations:
-        if not op.op_type.startswith("constexpr_"):
-            continue
-        ours = KERNELS[op.op_type](OpArgs(op, {name: var.val for name, var in op.inputs.items()}))
-        # Rounded to the declared dtype, as the interpreter stores it: bit-equal.
-        declared = numpy_dtype(op.outputs[0].dtype)
-        np.testing.assert_array_equal(
-            np.asarray(ours).astype(declared), op.materialized_val_inference().astype(declared)
-        )
-        checked += 1
-    return checked
 
 
 def test_iOS16_affine_dequantize_and_packed_lut() -> None:

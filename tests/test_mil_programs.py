@@ -19,7 +19,7 @@ from decodebench.mil.program import MilError, load_package, quiet_coremltools
 from decodebench.mil.verify import open_session
 from decodebench.modeling import build_model, greedy_decode, step_inputs
 from decodebench.presets import TINY_GQA
-from tests.test_mil_interpreter import decompression_oracles
+from tests.support.mil import decompression_oracles
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from schemathesis.checks import (
 )
 
 from server.app import app
-from tests.conftest import bearer, make_token
+from tests.support.api import bearer, make_token
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 CHECKS = [

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decodebench.building.quant.recipe import RecipeError, parse_recipe
-from tests.conftest import bearer, table_counts
-from tests.test_run_lifecycle import SWEEP, result_for
+from tests.support.api import bearer
+from tests.support.services import table_counts
+from tests.support.sweeps import SWEEP, result_for
 
 BOUNDED = settings(
     max_examples=40,
@@ -111,7 +112,7 @@ RESULT_PATHS = [
 
 @pytest.fixture
 def running_run(api, user_token, worker_token, agent_token) -> int:
-    from tests.test_run_lifecycle import DEVICE, finish_builds
+    from tests.support.sweeps import DEVICE, finish_builds
 
     sweep = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
     finish_builds(api, sweep, worker_token)

@@ -11,14 +11,10 @@ import pytest
 
 from decodebench.contracts.domain import SweepSpec, VariantSpec, build_key
 from decodebench.detokenize import detokenize, dump_table, load_table
-from tests.conftest import (
-    MINIMAL_ANALYSIS,
-    bearer,
-    build_report,
-    start_and_complete,
-    table_counts,
-    ui_sign_in,
-)
+from scripts.standins import MINIMAL_ANALYSIS, build_report
+from tests.support.api import bearer, start_and_complete
+from tests.support.pages import ui_sign_in
+from tests.support.services import table_counts
 
 DEVICE = {
     "udid": "SIM-0001",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import bearer, table_counts
-from tests.test_run_lifecycle import DEVICE, ready_sweep, result_for  # noqa: F401
+from tests.support.api import bearer
+from tests.support.services import table_counts
+from tests.support.sweeps import DEVICE, result_for
 
 
 def claim(api, agent_token: str) -> dict:
@@ -19,7 +20,7 @@ def claim(api, agent_token: str) -> dict:
 )
 def test_simulated_device_cannot_upload_relabelled_results(
     api,
-    ready_sweep,  # noqa: F811
+    ready_sweep,
     agent_token,
     field,
     value,

@@ -7,82 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import bearer, complete_build, table_counts
-
-SWEEP = {
-    "model": "tiny-gqa",
-    "variants": [{"attention": "repeat_kv"}, {"attention": "folded"}],
-    "devices": ["iphone-17-pro"],
-    "prompts": 3,
-    "decode_tokens": 4,
-}
-DEVICE = {
-    "udid": "SIM-0001",
-    "device_class": "iphone-17-pro",
-    "product_type": "iPhone18,1",
-    "os_version": "26.1",
-    "driver": "simulated",
-    "simulated": True,
-}
-
-
-def analysis(tile_ops: int, bytes_per_token: int) -> dict:
-    return {
-        "ops_total": 100,
-        "op_counts": {"tile": tile_ops},
-        "tile_ops": tile_ops,
-        "tile_output_bytes": tile_ops * 1024,
-        "state_write_ops": 4,
-        "weight_bytes": 1000,
-        "bytes_per_token": {"total": bytes_per_token},
-    }
-
-
-def finish_builds(api, sweep: dict, worker_token: str) -> None:
-    for index, build in enumerate(sweep["builds"]):
-        complete_build(
-            api, build, worker_token, analysis(2 - 2 * index, 1_000_000 - 400_000 * index)
-        )
-
-
-def result_for(prompt_indexes: range, decode_tok_s: float, udid: str = "SIM-0001") -> dict:
-    return {
-        "device_udid": udid,
-        "device_class": "iphone-17-pro",
-        "product_type": "iPhone18,1",
-        "driver": "simulated",
-        "simulated": True,
-        "load_time_cold_ms": 10.0,
-        "load_time_warm_ms": 5.0,
-        "peak_memory_bytes": 1 << 20,
-        "timing_model": "test",
-        "prompts": [
-            {
-                "prompt_index": index,
-                "prompt_tokens": 5,
-                "generated_tokens": 2,
-                "ttft_ms": 3.0,
-                "prefill_tok_s": 100.0,
-                "decode_tok_s": decode_tok_s + index,
-                "token_latencies_ms": [1.0, 1.0],
-            }
-            for index in prompt_indexes
-        ],
-    }
-
-
-@pytest.fixture
-def ready_sweep(api, user_token: str, worker_token: str, agent_token: str) -> dict:
-    sweep = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
-    finish_builds(api, sweep, worker_token)
-    registration = {"name": "host-1", "devices": [DEVICE]}
-    assert (
-        api.post(
-            "/api/v1/agents/register", json=registration, headers=bearer(agent_token)
-        ).status_code
-        == 200
-    )
-    return sweep
+from tests.support.api import bearer
+from tests.support.services import table_counts
+from tests.support.sweeps import result_for
 
 
 def test_sweep_runs_to_completion_with_simulated_label(

@@ -1,5 +1,5 @@
 """Nightly schedules end to end against a real server process, PostgreSQL and Redis, with the
-stand-in worker and agent of tests/test_ci_gate.py acting over HTTP. Nights are driven by the
+stand-in worker and agent of tests/support/stand_ins.py acting over HTTP. Nights are driven by the
 tick endpoint (the one beat's task calls) with a settable clock, so nothing waits for a minute."""
 
 from __future__ import annotations
@@ -18,19 +18,11 @@ import httpx
 import pytest
 
 from scripts.stack import Stack
-from tests.conftest import bearer
-from tests.test_ci_gate import StandIns
+from tests.support.api import bearer
+from tests.support.schedules import FIRST_NIGHT, NIGHTLY_SPEC
+from tests.support.stand_ins import StandIns
 
-NIGHTLY_SPEC = {
-    "model": "tiny-gqa",
-    "variants": [{"attention": "folded"}],
-    "devices": ["iphone-17-pro"],
-    "prompts": 4,
-    "decode_tokens": 4,
-    "repetitions": 2,
-}
 SECRET = "nightly-webhook-secret-0123"
-FIRST_NIGHT = datetime.fromisoformat("2027-01-01T02:01:00+00:00")
 
 
 @pytest.fixture(autouse=True)

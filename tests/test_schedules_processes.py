@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import text
 
 from scripts.stack import Stack
-from tests.conftest import bearer
-from tests.test_schedules import NIGHTLY_SPEC
+from tests.support.api import bearer
+from tests.support.schedules import NIGHTLY_SPEC
 
 pytestmark = pytest.mark.slow
 

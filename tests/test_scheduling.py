@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
-from tests.conftest import bearer, query
-from tests.test_run_lifecycle import DEVICE, SWEEP, finish_builds
+from tests.support.api import bearer
+from tests.support.proxy import lost_then_retried
+from tests.support.services import query
+from tests.support.sweeps import DEVICE, SWEEP, finish_builds, register, submit
 
 CLASS = DEVICE["device_class"]
-
-
-def device(index: int) -> dict:
-    return {**DEVICE, "udid": f"SIM-{index:04d}"}
-
-
-def register(client, agent_token: str, count: int) -> None:
-    registration = {"name": "host-1", "devices": [device(i) for i in range(count)]}
-    response = client.post(
-        "/api/v1/agents/register", json=registration, headers=bearer(agent_token)
-    )
-    assert response.status_code == 200, response.text
-
-
-def submit(client, user_token: str, worker_token: str, **extra) -> int:
-    sweep = client.post(
-        "/api/v1/sweeps", json={**SWEEP, **extra}, headers=bearer(user_token)
-    ).json()
-    if any(build["state"] != "succeeded" for build in sweep["builds"]):
-        finish_builds(client, sweep, worker_token)
-    return sweep["id"]
 
 
 def claim(client, agent_token: str, udid: str, **extra) -> dict | None:
@@ -143,72 +122,6 @@ def test_a_malformed_claim_key_is_refused(api, user_token, agent_token, key) -> 
         headers=bearer(agent_token),
     )
     assert response.status_code == 422 and "claim_key" in response.text
-
-
-class DroppingProxy:
-    """Forwards one HTTP request per connection to the server and, while `drop` is set,
-    swallows the server's answer and closes the connection: a response lost on the wire."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.drop = True
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
-
-    def _relay(self, client: socket.socket) -> None:
-        with client, socket.create_connection(("127.0.0.1", self.target_port)) as upstream:
-            request = _read_message(client)
-            upstream.sendall(request)
-            response = _read_message(upstream)
-            if not self.drop:
-                client.sendall(response)
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-def _read_message(connection: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += connection.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        ),
-        0,
-    )
-    while len(body) < length:
-        body += connection.recv(65536)
-    return head + b"\r\n\r\n" + body
-
-
-def lost_then_retried(stack, path: str, body: dict) -> tuple[list, httpx.Response]:
-    """``body`` posted through a proxy that drops the server's answer, then again with the
-    answer let through: the (device, run) pairs running between the two, and the second answer."""
-    proxy = DroppingProxy(stack.port)
-    headers = {**bearer(stack.tokens["agent"]), "Connection": "close"}
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", timeout=10) as agent:
-            with pytest.raises(httpx.TransportError):
-                agent.post(path, json=body, headers=headers)
-            held = query("SELECT device_udid, id FROM runs WHERE state = 'running' ORDER BY id")
-            proxy.drop = False
-            retried = agent.post(path, json=body, headers=headers)
-    finally:
-        proxy.close()
-    return held, retried
 
 
 def test_a_claim_whose_answer_is_lost_gets_the_same_run_when_retried(stack) -> None:

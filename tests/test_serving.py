@@ -10,7 +10,7 @@ import time
 import httpx
 import psutil
 
-from tests.conftest import DATABASE_URL, REDIS_URL
+from tests.support.services import DATABASE_URL, REDIS_URL
 
 
 def _listeners(supervisor: psutil.Process, port: int) -> set[int]:

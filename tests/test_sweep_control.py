@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import bearer, complete_build, page_csrf, ui_sign_in
+from tests.support.api import bearer, complete_build
+from tests.support.pages import page_csrf, ui_sign_in
 
 SWEEP = {
     "model": "tiny-gqa",

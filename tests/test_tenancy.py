@@ -5,12 +5,12 @@ a device pinned to a project claims only that project's runs."""
 from __future__ import annotations
 
 import hashlib
-import secrets
 
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import bearer, complete_build, page_csrf, ui_sign_in
+from tests.support.api import bearer, complete_build, project_token
+from tests.support.pages import page_csrf, ui_sign_in
 
 SWEEP = {
     "model": "tiny-gqa",
@@ -23,13 +23,6 @@ FIGURES = {"bytes_per_token": {"weights": 3 << 20, "kv_read": 1 << 20, "total": 
 PHONE = {"udid": "PHONE-A", "device_class": "iphone-17-pro", "product_type": "iPhone18,1",
          "driver": "pymobiledevice3", "simulated": False}  # fmt: skip
 SHARED = {**PHONE, "udid": "PHONE-SHARED"}
-
-
-def tokens(project: str, name: str) -> str:
-    from server.manage import create_token_command
-
-    plain = f"test-{project}-{secrets.token_hex(12)}"
-    return create_token_command("user", name, plain, ("read", "submit", "admin"), project)
 
 
 def run_all(api, agent_token: str, device: dict) -> list[int]:
@@ -60,7 +53,7 @@ def world(api, worker_token: str, agent_token: str) -> dict:
 
     from server.db import get_engine
 
-    alpha, beta = tokens("alpha", "alice"), tokens("beta", "bob")
+    alpha, beta = project_token("alpha", "alice"), project_token("beta", "bob")
     api.post("/api/v1/agents/register", json={"name": "lab", "devices": [PHONE]},
              headers=bearer(agent_token))  # fmt: skip
     sweep = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(alpha)).json()
@@ -197,7 +190,7 @@ def test_pages_answer_404_across_projects(api, world) -> None:
 def test_a_pinned_device_never_takes_another_projects_run(api, agent_token, worker_token) -> None:
     from server.manage import pin_device_command
 
-    alpha, beta = tokens("alpha", "alice"), tokens("beta", "bob")
+    alpha, beta = project_token("alpha", "alice"), project_token("beta", "bob")
     api.post("/api/v1/agents/register", json={"name": "lab", "devices": [PHONE, SHARED]},
              headers=bearer(agent_token))  # fmt: skip
     pin_device_command(PHONE["udid"], "alpha")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import html
 import re
 
-from tests.conftest import bearer, page_csrf, ui_sign_in
+from tests.support.api import bearer
+from tests.support.pages import page_csrf, ui_sign_in
 
 BASE = {
     "model": "tiny-gqa", "variant0_attention": "repeat_kv", "variant0_context": "128",

@@ -14,12 +14,9 @@ from datetime import datetime, timedelta
 import pytest
 from stack import Stack
 
-from tests import test_ui_browser
-from tests.conftest import bearer, complete_build
-from tests.test_schedules import FIRST_NIGHT
-from tests.test_ui_browser import DEVICE, FIGURES, check_pages, register_device, sign_in
-
-browser, roles = test_ui_browser.browser, test_ui_browser.roles  # the browser tests' fixtures
+from tests.support.api import bearer, complete_build
+from tests.support.browser import DEVICE, FIGURES, check_pages, register_device, sign_in
+from tests.support.schedules import FIRST_NIGHT
 
 pytestmark = pytest.mark.browser
 

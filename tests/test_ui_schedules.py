@@ -3,8 +3,9 @@ pause form's CSRF, scope and redirect checks."""
 
 from __future__ import annotations
 
-from tests.conftest import bearer, make_token, page_csrf, ui_sign_in
-from tests.test_schedules import NIGHTLY_SPEC
+from tests.support.api import bearer, make_token
+from tests.support.pages import page_csrf, ui_sign_in
+from tests.support.schedules import NIGHTLY_SPEC
 
 
 def test_pages_answer_empty_missing_and_bad_ids_in_the_sites_frame(api, user_token) -> None:

@@ -3,7 +3,8 @@ security headers, rate-limited sign-in, the deep link kept, HTML error pages, of
 
 from __future__ import annotations
 
-from tests.conftest import bearer, page_csrf, ui_sign_in
+from tests.support.api import bearer
+from tests.support.pages import page_csrf, ui_sign_in
 
 
 def test_the_cookie_holds_a_session_id_not_the_token_and_returns_to_the_deep_link(

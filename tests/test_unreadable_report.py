@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import bearer, complete_build, ui_sign_in
+from tests.support.api import bearer, complete_build
+from tests.support.pages import ui_sign_in
 
 SWEEP = {
     "model": "tiny-gqa",

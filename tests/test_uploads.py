@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from decodebench.presets import TINY_LLAMA
-from tests.conftest import bearer, table_counts
+from tests.support.api import bearer, make_token, project_token
+from tests.support.services import table_counts
 
 pytest.importorskip("transformers")
 
@@ -89,8 +90,6 @@ def test_chunks_at_offsets_resume_and_register_a_model(api, user_token, tiny_lla
     assert done["state"] == "finished" and done["sha256"] == sha256
     assert api.get(f"/api/v1/artifacts/{sha256}", headers=headers).content == data
     # Someone else's upload does not exist for them.
-    from tests.conftest import make_token
-
     other = make_token("user", "someone-else")
     assert api.get(url, headers=bearer(other)).status_code == 404
 
@@ -322,12 +321,10 @@ def test_another_projects_models_and_files_do_not_exist_for_a_token(
     """A model belongs to the project that brought it: another project's token finds nothing
     of it (404 and empty lists), cannot use it in a sweep, download its files or register
     them by their hashes; the name stays taken across the server (409, nothing more said)."""
-    from tests.test_tenancy import tokens
-
     files = folder_files(tiny_llama_folder)
     assert register(api, user_token, "mine", files).status_code == 201
     model = api.get("/api/v1/models/mine", headers=bearer(user_token)).json()
-    outsider = tokens("elsewhere", "outsider")
+    outsider = project_token("elsewhere", "outsider")
     other = bearer(outsider)
 
     assert api.get("/api/v1/models", headers=other).json() == []

@@ -7,7 +7,7 @@ import json
 
 from sqlalchemy import text
 
-from tests.conftest import bearer, complete_build
+from tests.support.api import bearer, complete_build
 
 DEVICE = {
     "udid": "CACHE-1", "device_class": "iphone-17-pro", "product_type": "iPhone18,1",
