@@ -3,7 +3,7 @@
 Run directly on an emulated device (no usbmux): every way a job can be unusable still ends in a
 done marker saying why; an interruption abandons the run with reason `interrupted`; memory,
 thermal samples and the bounded thermal wait follow `decodebench.devices.harness`; any bundle id that
-is the harness launches. Token ids from the pushed package are in test_harness_emulated_mil.py.
+is the harness launches. Token ids from the pushed package are in test_harness_app_mil.py.
 """
 
 from __future__ import annotations

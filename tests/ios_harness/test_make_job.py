@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from decodebench.devices.harness import HarnessJob
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 
 def make_job(*args: str) -> subprocess.CompletedProcess[str]:

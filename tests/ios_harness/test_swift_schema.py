@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,14 +17,9 @@ from pydantic import BaseModel
 
 from decodebench.contracts import domain, protocol
 from decodebench.devices import harness
+from tests.support.paths import ROOT
 
-SWIFT = (
-    Path(__file__).resolve().parent.parent
-    / "ios_harness"
-    / "Sources"
-    / "HarnessKit"
-    / "Protocol.swift"
-)
+SWIFT = ROOT / "ios_harness" / "Sources" / "HarnessKit" / "Protocol.swift"
 STRUCT = re.compile(r"public struct (\w+): Codable, Sendable \{(.*?)\n\}", re.S)
 PROPERTY = re.compile(r"^\s*public (?:let|var) (\w+): ([\w\[\]?]+)", re.M)
 CODING_KEYS = re.compile(r"enum CodingKeys: String, CodingKey \{(.*?)\}", re.S)

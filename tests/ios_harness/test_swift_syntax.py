@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from decodebench.devices.harness import HARNESS_PROTOCOL_VERSION
+from tests.support.paths import ROOT
 
-HARNESS = Path(__file__).resolve().parent.parent / "ios_harness"
+HARNESS = ROOT / "ios_harness"
 SWIFT_FILES = sorted(HARNESS.rglob("*.swift"))
 
 # The PackageDescription version that introduced each enum spelling (the rest are older than 5.0).

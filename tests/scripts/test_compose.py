@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 
 def load() -> dict:

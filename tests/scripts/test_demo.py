@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
 
 
 def test_demo_prints_the_comparison_and_the_ui_address(tmp_path: Path) -> None:

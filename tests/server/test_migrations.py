@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, inspect
 
+from tests.support.paths import ROOT
 from tests.support.services import TEST_DATABASE, recreate_database
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = f"{TEST_DATABASE}_migrations"  # apart from any other test run's scratch
 URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{SCRATCH}"
 

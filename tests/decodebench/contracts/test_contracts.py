@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 HEAVY = ("torch", "coremltools", "transformers", "pymobiledevice3")
 
 # Makes the heavy packages unimportable in a fresh interpreter, then imports the given modules.

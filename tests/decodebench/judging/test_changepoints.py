@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +17,9 @@ from decodebench.judging.nightly import (
     series_after,
     suspect_change,
 )
+from tests.support.paths import DATA
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "otava_changepoints.json").read_text())
+REFERENCE = json.loads((DATA / "otava_changepoints.json").read_text())
 
 
 def test_the_reference_covers_series_with_and_without_changes() -> None:

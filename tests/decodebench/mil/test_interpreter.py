@@ -1,6 +1,6 @@
 """The MIL reference interpreter on small built programs: op kernels against independent
 references (torch, NumPy), fp16 rounding, states, weight decompression against coremltools' own,
-and errors. Whole converted programs: tests/test_mil_programs.py."""
+and errors. Whole converted programs: tests/decodebench/mil/test_programs.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Calibrating device profiles from runs stored in the database, over HTTP and in the pages.
 
-Runs are driven as a worker and an agent would (see test_run_lifecycle.py), with decode speeds
-generated from a known "true" device, so the fit has a right answer.
+Runs are driven as a worker and an agent would (see tests/server/runs/test_lifecycle.py), with
+decode speeds generated from a known "true" device, so the fit has a right answer.
 """
 
 from __future__ import annotations

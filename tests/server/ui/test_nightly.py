@@ -3,8 +3,9 @@ a new coremltools, confirmed by its re-run; the list with pause and resume, the 
 their band and the regression's marker linking to the alert and the build diff; at phone width,
 screenshotted and scanned by axe-core like every other page.
 
-Nights are fired by the tick endpoint with a settable clock (as tests/test_schedules.py does) and
-the test plays the build worker and the agent over HTTP, so nothing waits for a real night."""
+Nights are fired by the tick endpoint with a settable clock (as
+tests/server/schedules/test_schedules.py does) and the test plays the build worker and the agent
+over HTTP, so nothing waits for a real night."""
 
 from __future__ import annotations
 

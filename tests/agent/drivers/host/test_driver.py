@@ -15,8 +15,8 @@ from agent.runner import build_job, check_result
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunAssignment, RunResult
 from decodebench.devices.harness import HarnessJob
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 128
 DECODE_TOKENS = 5
 

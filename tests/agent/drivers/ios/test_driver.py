@@ -3,7 +3,7 @@
 Discovery, identity, harness install, push of a real tiny-gqa build, launch, pull, attach and
 detach, and every injected fault with the failure reason (and device status) it must produce.
 Launching is DVT process control through pymobiledevice3's own client: on these iOS 18/26
-phones through the emulated tunneld and RemoteServiceDiscovery (tests/test_emulated_dvt.py covers
+phones through the emulated tunneld and RemoteServiceDiscovery (tests/emulator/test_dvt.py covers
 the iOS 16 lockdown path, the developer disk image and the DVT faults).
 """
 

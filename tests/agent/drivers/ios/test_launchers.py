@@ -1,7 +1,7 @@
 """pymobiledevice3 failures become reasons a lab engineer can act on.
 
 How DvtLauncher picks lockdown or the tunnel is exercised against emulated phones on iOS 16 and
-18 in tests/test_emulated_dvt.py."""
+18 in tests/emulator/test_dvt.py."""
 
 from __future__ import annotations
 
