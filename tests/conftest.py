@@ -1,50 +1,18 @@
-"""Shared fixtures: a real PostgreSQL database migrated once by Alembic, real Redis."""
+"""Shared fixtures: a real PostgreSQL database migrated once by Alembic, real Redis.
+
+What tests share besides fixtures is in tests/support (importing it points the server's
+settings at the test services, so it comes before anything imports the server)."""
 
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 
 import pytest
 
-from scripts.standins import MINIMAL_ANALYSIS, build_report, full_analysis  # noqa: F401
-
-# Under pytest-xdist each worker process (gw0, gw1, ...) gets its own database and Redis database,
-# counted down from the configured one, so workers never truncate each other's tables.
-WORKER_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-TEST_DATABASE = os.environ.get("DECODEBENCH_TEST_DATABASE", "decodebench_test") + (
-    f"_{WORKER_INDEX}" if WORKER_INDEX else ""
-)
-ADMIN_URL = os.environ.get(
-    "DECODEBENCH_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-DATABASE_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{TEST_DATABASE}"
-_REDIS_BASE, _, _REDIS_DB = os.environ.get(
-    "DECODEBENCH_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
-).rpartition("/")
-if int(_REDIS_DB) < WORKER_INDEX:
-    raise RuntimeError(f"DECODEBENCH_TEST_REDIS_URL's database must be >= {WORKER_INDEX}")
-REDIS_URL = f"{_REDIS_BASE}/{int(_REDIS_DB) - WORKER_INDEX}"
-
-# Server settings are read once per process: point them at the test services before any import.
-os.environ["DECODEBENCH_DATABASE_URL"] = DATABASE_URL
-os.environ["DECODEBENCH_BROKER_URL"] = REDIS_URL
-os.environ.setdefault("DECODEBENCH_ENVIRONMENT", "test")
-
-TABLES = (
-    "prompt_results, runs, sweep_variants, builds, sweeps, devices, agents, api_tokens, transitions, "
-    "profile_calibrations, ui_sessions, sign_in_failures, webhook_attempts, webhook_deliveries, "
-    "alerts, schedule_firings, schedules, models, uploads, projects"
-)
-
-
-def recreate_database(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{name}"')
+from tests.support.api import make_token
+from tests.support.processes import started_stack
+from tests.support.services import DATABASE_URL, TEST_DATABASE, recreate_database
 
 
 @pytest.fixture(scope="session")
@@ -63,9 +31,11 @@ def db(migrated_database: str) -> Iterator[None]:
     from sqlalchemy import text
 
     from server.db import get_engine
+    from tests.support.services import truncated_tables
 
     with get_engine().begin() as connection:
-        connection.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+        tables = ", ".join(truncated_tables())
+        connection.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
     yield
 
 
@@ -77,12 +47,6 @@ def api(db: None):
 
     with TestClient(app) as client:
         yield client
-
-
-def make_token(kind: str, name: str, scopes: tuple[str, ...] = ()) -> str:
-    from server.manage import create_token_command
-
-    return create_token_command(kind, name, f"test-{kind}-{secrets.token_hex(12)}", scopes)
 
 
 @pytest.fixture
@@ -105,35 +69,6 @@ def worker_token(db: None) -> str:
     return make_token("worker", "builder-1")
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def query(sql: str, **params) -> list:
-    """Rows of ``sql`` on the test database, as tuples (nothing for a statement without rows)."""
-    from sqlalchemy import text
-
-    from server.db import get_engine
-
-    with get_engine().begin() as connection:
-        result = connection.execute(text(sql), params)
-        return [tuple(row) for row in result] if result.returns_rows else []
-
-
-def table_counts() -> dict[str, int]:
-    from sqlalchemy import text
-
-    from server.db import get_engine
-
-    with get_engine().connect() as connection:
-        return {
-            table.strip(): connection.execute(
-                text(f"SELECT count(*) FROM {table.strip()}")
-            ).scalar_one()
-            for table in TABLES.split(",")
-        }
-
-
 @pytest.fixture
 def stack(db: None, tmp_path):
     """The server as a real process on the test database, with tokens for every role."""
@@ -142,63 +77,54 @@ def stack(db: None, tmp_path):
     running.stop()
 
 
-def started_stack(tmp_path):
-    """A server process on the (already migrated) test database, with one token per role minted
-    in-process: the demo's `Stack.prepare` spends a Python start per token."""
-    import redis
-    from stack import Stack
-
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
-    running.var_dir.mkdir(parents=True, exist_ok=True)
-    running.tokens = {
-        kind: make_token(kind, name)
-        for kind, name in (
-            ("user", "demo-user"),
-            ("worker", "demo-worker"),
-            ("agent", "demo-agent"),
-        )
-    }
-    running.start_server()
-    return running
+@pytest.fixture
+def worker_stack(db: None, tmp_path):
+    """The server and a build worker as real processes on the test database."""
+    running = started_stack(tmp_path)
+    running.start_worker()
+    yield running
+    running.stop()
 
 
-def complete_build(api, build: dict, worker_token: str, analysis: dict) -> None:
-    """Act as a build worker over HTTP: start, upload an artifact, report the analysis (its
-    figures completed by :func:`full_analysis`)."""
-    response = start_and_complete(
-        api, build, worker_token, build_report(build, full_analysis(analysis))
-    )
-    assert response.status_code == 200, response.text
+@pytest.fixture
+def ready_sweep(api, user_token: str, worker_token: str, agent_token: str) -> dict:
+    """``tests.support.sweeps.SWEEP`` submitted, its builds done, its phone registered."""
+    from tests.support.api import bearer
+    from tests.support.sweeps import DEVICE, SWEEP, finish_builds
 
-
-def start_and_complete(api, build: dict, worker_token: str, report: dict):
-    """Start ``build``, upload an artifact and post ``report``; the completion's response."""
-    import hashlib
-
-    headers = bearer(worker_token)
-    started = api.post(
-        f"/api/v1/builds/{build['id']}/start", json={"worker": "w1"}, headers=headers
-    )
-    assert started.json()["proceed"], started.text
-    lease = started.json()["lease"]
-    progress = {"lease": lease, "stage": "convert", "fraction": 0.5}
+    sweep = api.post("/api/v1/sweeps", json=SWEEP, headers=bearer(user_token)).json()
+    finish_builds(api, sweep, worker_token)
+    registration = {"name": "host-1", "devices": [DEVICE]}
     assert (
         api.post(
-            f"/api/v1/builds/{build['id']}/progress", json=progress, headers=headers
+            "/api/v1/agents/register", json=registration, headers=bearer(agent_token)
         ).status_code
-        == 204
+        == 200
     )
-    payload = build["key"].encode()
-    sha256 = hashlib.sha256(payload).hexdigest()
-    assert (
-        api.put(f"/api/v1/artifacts/{sha256}", content=payload, headers=headers).status_code == 201
-    )
-    return api.post(
-        f"/api/v1/builds/{build['id']}/complete",
-        json={"lease": lease, "artifact_sha256": sha256, "report": report},
-        headers=headers,
-    )
+    return sweep
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium."""
+    from tests.support.browser import launched_browser
+
+    with launched_browser() as launched:
+        yield launched
+
+
+@pytest.fixture
+def page(browser):
+    return browser.new_page()
+
+
+@pytest.fixture
+def roles(stack):
+    """An HTTP client on the server process, to act as build worker and agent."""
+    import httpx
+
+    with httpx.Client(base_url=stack.server_url, timeout=30) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")
@@ -282,22 +208,3 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory):
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-def page_csrf(html: str) -> str:
-    """The CSRF token a page's form carries."""
-    import re
-
-    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
-    assert match, "the form carries a CSRF token"
-    return match.group(1)
-
-
-def ui_sign_in(api, token: str, next_path: str = "/"):
-    """Sign in to the pages as a browser would: fetch the form, post it with its CSRF token."""
-    form = api.get("/login", params={"next": next_path})
-    return api.post(
-        "/login",
-        data={"token": token, "csrf_token": page_csrf(form.text), "next": next_path},
-        follow_redirects=False,
-    )

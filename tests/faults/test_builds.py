@@ -11,8 +11,9 @@ import httpx
 from sqlalchemy import text
 
 from scripts.stack import Stack
+from scripts.standins import build_report, full_analysis
 from server.db import get_engine
-from tests.conftest import bearer, build_report, full_analysis, start_and_complete
+from tests.support.api import bearer, start_and_complete
 
 SWEEP = {
     "model": "tiny-gqa",

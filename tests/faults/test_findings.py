@@ -11,8 +11,10 @@ import httpx
 import pytest
 
 from scripts.stack import Stack
-from tests.conftest import bearer, build_report, complete_build, start_and_complete, table_counts
-from tests.test_run_lifecycle import DEVICE, SWEEP, analysis, finish_builds, result_for
+from scripts.standins import build_report
+from tests.support.api import bearer, complete_build, start_and_complete
+from tests.support.services import table_counts
+from tests.support.sweeps import DEVICE, SWEEP, analysis, finish_builds, result_for
 
 UPLOADERS = 50
 

@@ -13,8 +13,8 @@ from sqlalchemy import text
 from decodebench.contracts.protocol import ClaimRequest
 from scripts.stack import Stack
 from server.db import get_engine
-from tests.conftest import bearer
-from tests.test_run_lifecycle import DEVICE, SWEEP, finish_builds
+from tests.support.api import bearer
+from tests.support.sweeps import DEVICE, SWEEP, finish_builds
 
 MIB = 1024 * 1024
 LIMITS = {"DECODEBENCH_MAX_BODY_BYTES": str(MIB), "DECODEBENCH_MAX_ARTIFACT_BYTES": str(8 * MIB)}

@@ -15,8 +15,9 @@ import httpx
 from sqlalchemy import text
 
 from scripts.stack import Stack
+from scripts.standins import build_report, full_analysis
 from server.db import get_engine
-from tests.conftest import bearer, build_report, full_analysis
+from tests.support.api import bearer
 
 SWEEP = {
     "model": "tiny-gqa",
