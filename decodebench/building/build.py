@@ -20,19 +20,10 @@ sensitivity's thousands of short kernels each wait for the GIL the converter hol
 
 from __future__ import annotations
 
-import contextlib
-import os
-import resource
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from decodebench.analysis.analyze import GraphAnalysis, analyze_mlpackage
 from decodebench.building.cache import (
     PACKAGE_NAME,
     REPORT_NAME,
@@ -40,144 +31,35 @@ from decodebench.building.cache import (
     find_build,
     request_key,
 )
-from decodebench.contracts.build import BuildReport, QuantSummary
+from decodebench.building.job import (
+    BuildError,
+    Job,
+    ProgressCallback,
+    StageClock,
+    check_finite_decode,
+    load_report,
+    toolchain_versions,
+    write_atomically,
+)
+from decodebench.building.sources import Source, local_source
+from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.presets import ModelConfig, get_preset
-from decodebench.contracts.recipes import TARGETS, QuantRecipe, parse_recipe
-from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
+from decodebench.contracts.recipes import parse_recipe
 
 if TYPE_CHECKING:
     from decodebench.building.convert import Converter
-    from decodebench.building.sources import Source
 
-ProgressCallback = Callable[[str, float], None]
-
-# Share of the whole build each stage takes (measured on EXAONE-sized top8 builds, roughly), so
-# the progress fraction moves evenly.
-STAGE_WEIGHTS: dict[str, float] = {
-    "build_model": 0.12,
-    "load_weights": 0.12,
-    "sensitivity": 0.34,
-    "trace": 0.03,
-    "convert": 0.23,
-    "quantize": 0.15,
-    "save": 0.11,
-    "check_finite": 0.01,
-    "analyse": 0.01,
-}
-
-
-class BuildError(ValueError):
-    """The variant cannot be built with this toolchain (the message names the field)."""
-
-
-class StageClock:
-    """Times named stages and reports progress as the cumulative share of finished work."""
-
-    def __init__(self, progress: ProgressCallback | None = None) -> None:
-        self.seconds: dict[str, float] = {}
-        self._progress = progress
-        self._done = 0.0
-
-    def _report(self, name: str, fraction: float) -> None:
-        if self._progress is not None:
-            self._progress(name, min(1.0, round(fraction, 4)))
-
-    def within(self, name: str, fraction: float) -> None:
-        """Progress inside a running stage (``fraction`` of that stage done)."""
-        self._report(name, self._done + STAGE_WEIGHTS.get(name, 0.0) * fraction)
-
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        self._report(name, self._done)
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            # A stage may run more than once (one conversion per function): times add up.
-            elapsed = time.perf_counter() - started
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + elapsed, 3)
-        self._done += STAGE_WEIGHTS.get(name, 0.0)
-        self._report(name, self._done)
-
-
-def toolchain_versions(converter: Converter | None = None) -> dict[str, str]:
-    """What makes an artifact reproducible: our own version plus the converter's."""
-    installed = installed_toolchain()
-    if converter is None:
-        return installed
-    return {
-        "decodebench": installed["decodebench"],
-        CODE_KEY: installed[CODE_KEY],
-        **toolchain_identity(converter.versions()),
-    }
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far (a lifetime high-water mark)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
-
-
-def resolve_config(model: str, variant: VariantSpec) -> ModelConfig:
-    config = get_preset(model)
-    if variant.layers is not None:
-        config = config.model_copy(update={"num_layers": variant.layers})
-    return config
-
-
-def validate_for_config(recipe: QuantRecipe, config: ModelConfig) -> None:
-    """What only the model can tell: raises :class:`BuildError` naming the field."""
-    if recipe.promote_top > config.num_layers:
-        raise BuildError(
-            f"quant: top{recipe.promote_top} promotes more layers than the model's "
-            f"{config.num_layers}"
-        )
-
-
-def _replace_directory(source: Path, target: Path) -> None:
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(source, target)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
-@dataclass
-class Job:
-    """One build as its source makes it: what is asked, how it is keyed, where it goes."""
-
-    model: str
-    variant: VariantSpec
-    recipe: QuantRecipe
-    identity: str
-    key: str
-    toolchain: dict[str, str]
-    out_dir: Path
-    clock: StageClock
-    converter: Converter | None
-    cache: BuildCache | None
-
-    def report(self, config: ModelConfig, analysis: GraphAnalysis, **fields: Any) -> BuildReport:
-        """The report of the package now in ``out_dir`` (wall time set by :func:`build`)."""
-        return BuildReport(
-            key=self.key,
-            model=self.model,
-            variant=self.variant,
-            config=config,
-            toolchain=self.toolchain,
-            stage_seconds=self.clock.seconds,
-            peak_rss_bytes=peak_rss_bytes(),
-            package=PACKAGE_NAME,
-            analysis=analysis,
-            model_identity=self.identity,
-            functions=analysis.functions,
-            **fields,
-        )
+# What callers of the one build path also read from here.
+__all__ = [
+    "PACKAGE_NAME",
+    "BuildError",
+    "ProgressCallback",
+    "build",
+    "build_variant",
+    "check_finite_decode",
+    "load_report",
+    "toolchain_versions",
+]
 
 
 def build_variant(
@@ -197,8 +79,6 @@ def build_variant(
     ``cache``, an identical earlier build is restored instead (``report.cache_hit``).
     ``weights_fingerprint`` identifies ``weights`` when the caller knows its content already.
     """
-    from decodebench.building.sources import local_source
-
     source = local_source(model, weights, weights_fingerprint)
     return build(source, variant, out_dir, progress, converter, cache)
 
@@ -234,89 +114,7 @@ def build(
     if progress is not None:
         progress("done", 1.0)
     report.wall_seconds = round(time.perf_counter() - started, 3)
-    _write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
+    write_atomically(out_dir / REPORT_NAME, report.model_dump_json(indent=2))
     if store is not None:
         store.store(key, out_dir)
     return report
-
-
-def convert_job(
-    job: Job, config: ModelConfig, torch_model: Any, weights: Path | None
-) -> BuildReport:
-    """Sensitivity, conversion, quantization, the finite check and the analysis of a loaded
-    decoder (``torch_model``, fp16, built for ``config``) into ``job.out_dir``."""
-    from decodebench.building.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION
-    from decodebench.building.quant.apply import QuantPlan
-    from decodebench.building.quant.ranking import sensitivity_report
-
-    converter = job.converter or DEFAULT_CONVERTER
-    clock, recipe, variant = job.clock, job.recipe, job.variant
-    plan = QuantPlan(recipe, config.tie_word_embeddings)
-    sensitivity = None
-    if recipe.needs_sensitivity:
-        with clock.stage("sensitivity"):
-            sensitivity = sensitivity_report(
-                torch_model, plan, job.identity, job.key, job.toolchain, job.cache,
-                lambda fraction: clock.within("sensitivity", fraction),
-            )  # fmt: skip
-            plan.promote(frozenset(sensitivity.promoted))
-
-    functions = {"main": torch_model}
-    if variant.prefill_chunk is not None:
-        functions[PREFILL_FUNCTION] = torch_model.sibling(variant.prefill_chunk)
-    parameter_names = [name for name, _ in torch_model.named_parameters()]
-    # From here the converter holds the only references and drops each model once converted:
-    # the fp16 weights are then freed while quantization replaces them (~2.4 GB at EXAONE size).
-    del torch_model
-
-    package = job.out_dir / PACKAGE_NAME
-    # A report from an earlier build must not describe the package about to replace it.
-    (job.out_dir / REPORT_NAME).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(dir=job.out_dir, prefix=".building-") as staging:
-        staged = Path(staging) / PACKAGE_NAME
-        rewritten = converter.build_package(functions, config, variant, staged, plan, clock)
-        plan._cache.clear()
-        with clock.stage("check_finite"):
-            check_finite_decode(staged)
-        _replace_directory(staged, package)
-
-    with clock.stage("analyse"):
-        analysis = analyze_mlpackage(package)
-
-    quant = None
-    if not recipe.is_fp16:
-        constexpr_ops: dict[str, int] = {}
-        for op_type in rewritten.values():
-            constexpr_ops[op_type] = constexpr_ops.get(op_type, 0) + 1
-        quant = QuantSummary(
-            recipe=recipe.canonical,
-            schemes={target: recipe.scheme(target).text for target in TARGETS},
-            promoted_layers=sorted(plan.promoted),
-            constexpr_ops=constexpr_ops,
-            weights={choice.name: choice.scheme for choice in plan.choices(parameter_names)},
-            sensitivity=sensitivity,
-        )
-    return job.report(
-        config, analysis, weights_path=str(weights) if weights is not None else None, quant=quant
-    )
-
-
-# Decode steps the publish check runs after its prompt: enough to exercise the cache it wrote.
-FINITE_CHECK_STEPS = 2
-
-
-def check_finite_decode(package: Path) -> None:
-    """Refuse a package whose decode, run in the reference interpreter on one prompt, makes a
-    non-finite value (an fp16 overflow would make the device decode garbage)."""
-    from decodebench.building.agreement import PackageDecoder
-    from decodebench.mil.defaults import DEFAULT_PROMPT
-    from decodebench.mil.interpreter import NonFiniteError
-
-    try:
-        PackageDecoder(package).greedy(DEFAULT_PROMPT, FINITE_CHECK_STEPS)
-    except NonFiniteError as error:
-        raise BuildError(f"not published: the decode is not finite: {error}") from None
-
-
-def load_report(out_dir: Path) -> BuildReport:
-    return BuildReport.model_validate_json((out_dir / REPORT_NAME).read_text())

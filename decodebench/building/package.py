@@ -16,12 +16,12 @@ from pathlib import Path
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.artifacts import unpack
-from decodebench.building.build import (
+from decodebench.building.job import (
     BuildError,
     Job,
     StageClock,
-    _replace_directory,
     check_finite_decode,
+    replace_directory,
 )
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
@@ -81,7 +81,7 @@ def _adopt(job: Job, source: Path, config: ModelConfig) -> BuildReport:
             shutil.copytree(source, staged)
         with clock.stage("check_finite"):
             check_finite_decode(staged)
-        _replace_directory(staged, out_dir / PACKAGE_NAME)
+        replace_directory(staged, out_dir / PACKAGE_NAME)
     with clock.stage("analyse"):
         analysis = analyze_mlpackage(out_dir / PACKAGE_NAME)
     return job.report(config, analysis)

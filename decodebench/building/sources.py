@@ -29,8 +29,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decodebench.building.build import Job, convert_job, resolve_config, validate_for_config
 from decodebench.building.cache import model_identity
+from decodebench.building.job import Job, convert_job, resolve_config, validate_for_config
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.presets import REGISTRY_MODELS, ModelConfig, get_preset
 from decodebench.contracts.uploads import UPLOAD_PREFIX, upload_identity
