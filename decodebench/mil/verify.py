@@ -214,7 +214,9 @@ def compare_sessions(
         try:
             if position == 0:
                 rows = [
-                    _finite_prefill(session, label, prompt) if session.has_prefill else None
+                    _finite_prefill(session, label, prompt)
+                    if getattr(session, "has_prefill", False)  # any session with step() will do
+                    else None
                     for session, label in ((a, labels[0]), (b, labels[1]))
                 ]
             logits_a, logits_b = (
