@@ -17,7 +17,7 @@ seconds per step, and the load average it ran under: the machine is shared and d
 
     python bench/interpreter.py                       # every case, a table
     python bench/interpreter.py --json                # one JSON object
-    python bench/interpreter.py --cases smollm2-fp16 --steps 32
+    python bench/interpreter.py --cases smollm2-fp16 --steps 32 --blas-threads 1
 """
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ def package_for(case: str, cache: Path, context: int) -> Path:
     """Build the case's package once (the build cache and ``cache`` keep it)."""
     from decodebench.building.build import PACKAGE_NAME, build_variant
     from decodebench.building.cache import BuildCache
-    from decodebench.contracts.domain import VariantSpec
+    from decodebench.contracts.domain import Attention, KVCache, VariantSpec
     from decodebench.mil.program import quiet_coremltools
 
     spec = CASES[case]
     out = cache / f"{case}-ctx{context}"
     if not (out / PACKAGE_NAME / "Manifest.json").is_file():
         variant = VariantSpec(
-            attention="folded", kv="state", context=context, quant=spec["quant"],
+            attention=Attention.folded, kv=KVCache.state, context=context, quant=spec["quant"],
             layers=spec.get("layers"),
         )  # fmt: skip
         with quiet_coremltools():
@@ -132,7 +132,10 @@ def run_case(case: str, args: argparse.Namespace, bandwidth: float) -> dict[str,
     package = build.stdout.strip().splitlines()[-1]
     command = [sys.executable, __file__, "--child", case, "--package", package]
     command += ["--steps", str(args.steps), *common]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    environment = dict(os.environ)
+    if args.blas_threads:
+        environment["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment)
     assert process.stdout is not None
     output = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
@@ -154,6 +157,12 @@ def main() -> int:
     default_cache = Path.home() / ".cache/decodebench/interpreter-bench"
     parser.add_argument("--cache", type=Path, default=default_cache)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--blas-threads",
+        type=int,
+        default=None,
+        help="OPENBLAS_NUM_THREADS of the measured process",
+    )
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--package", help=argparse.SUPPRESS)
@@ -176,6 +185,7 @@ def main() -> int:
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "bandwidth_bytes_per_s": round(bandwidth),
             "cpus": os.cpu_count(),
+            "blas_threads": args.blas_threads,
             "max_rss_parent_gib": round(
                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2
             ),

@@ -61,10 +61,10 @@ def run_op_case(build: Any, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
 
 def build_tiny(preset: str, attention: str, quant: str, directory: Path) -> Path:
     from decodebench.building.build import PACKAGE_NAME, build_variant
-    from decodebench.contracts.domain import VariantSpec
+    from decodebench.contracts.domain import Attention, VariantSpec
     from decodebench.mil.program import quiet_coremltools
 
-    variant = VariantSpec(attention=attention, context=TINY_CONTEXT, quant=quant)
+    variant = VariantSpec(attention=Attention(attention), context=TINY_CONTEXT, quant=quant)
     out = directory / f"{preset}-{attention}-{quant}"
     with quiet_coremltools():
         build_variant(preset, variant, out)
@@ -134,7 +134,7 @@ def main() -> int:
         if kept:
             summary["smollm2"] = kept
     DATA.mkdir(exist_ok=True)
-    np.savez_compressed(ARRAYS, **arrays)
+    np.savez_compressed(ARRAYS, **arrays)  # type: ignore[arg-type]
     SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"pinned {len(summary['ops'])} op cases, {len(summary['packages'])} tiny packages")
     return 0

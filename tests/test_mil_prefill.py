@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from decodebench.building.build import PACKAGE_NAME, build_variant
-from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.domain import Attention, KVCache, VariantSpec
 from decodebench.mil import verify
 from decodebench.mil.program import quiet_coremltools
 from decodebench.mil.verify import DecodeSession, compare_sessions, open_session
@@ -24,7 +24,9 @@ PROMPT = [3, 1, 4, 1, 5, 9]  # one chunk through prefill, two tokens stepped
 @pytest.fixture(scope="module")
 def multifunction(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("prefill")
-    variant = VariantSpec(attention="folded", kv="state", context=64, prefill_chunk=CHUNK)
+    variant = VariantSpec(
+        attention=Attention.folded, kv=KVCache.state, context=64, prefill_chunk=CHUNK
+    )
     with quiet_coremltools():
         build_variant("tiny-gqa", variant, directory)
     return directory / PACKAGE_NAME
@@ -80,7 +82,7 @@ def test_verify_prefills_both_programs_and_agrees(multifunction: Path) -> None:
 
 
 def test_a_decode_only_program_steps_through_the_prompt(tmp_path: Path) -> None:
-    variant = VariantSpec(attention="folded", kv="state", context=64)
+    variant = VariantSpec(attention=Attention.folded, kv=KVCache.state, context=64)
     with quiet_coremltools():
         build_variant("tiny-gqa", variant, tmp_path)
     session = open_session(tmp_path / PACKAGE_NAME)
