@@ -18,6 +18,7 @@ seconds per step, and the load average it ran under: the machine is shared and d
     python bench/interpreter.py                       # every case, a table
     python bench/interpreter.py --json                # one JSON object
     python bench/interpreter.py --cases smollm2-fp16 --steps 32 --blas-threads 1
+    python bench/interpreter.py --verify 30           # verify A A over the 30 chat prompts
 """
 
 from __future__ import annotations
@@ -121,6 +122,35 @@ def measure(case: str, package: Path, steps: int) -> dict[str, Any]:
     }
 
 
+def verify_prompts(args: argparse.Namespace) -> dict[str, Any]:
+    """``decodebench verify A B`` over the built-in chat prompts, in one process (A = B =
+    SmolLM2 fp16: the second load comes from the content cache)."""
+    from decodebench.building.realmodels import fetch_model
+    from decodebench.mil.program import quiet_coremltools
+    from decodebench.mil.verify import verify_packages
+    from decodebench.prompts import chat_prompts, prompt_token_ids
+
+    package = package_for("smollm2-fp16", args.cache, args.context)
+    prompts = prompt_token_ids(chat_prompts(args.verify), 49152, fetch_model("smollm2-135m"))
+    load_before, started, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
+    agreeing, positions = 0, 0
+    with quiet_coremltools():
+        for prompt in prompts:
+            result = verify_packages(package, package, args.steps, prompt)
+            agreeing += result.agree
+            positions += len(prompt) + args.steps - 1
+    seconds = time.perf_counter() - started
+    return {
+        "command": f"decodebench verify {package} {package} --steps {args.steps} --prompt <ids>",
+        "prompts": len(prompts),
+        "agreeing": agreeing,
+        "program_steps": 2 * positions,
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(time.process_time() - cpu, 1),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
 def run_case(case: str, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
     """Build (own process), then measure (own process, peak RSS from wait4)."""
     common = ["--cache", str(args.cache), "--context", str(args.context)]
@@ -163,12 +193,18 @@ def main() -> int:
         default=None,
         help="OPENBLAS_NUM_THREADS of the measured process",
     )
+    parser.add_argument(
+        "--verify", type=int, metavar="PROMPTS", help="time verify over this many chat prompts"
+    )
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--package", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
         print(package_for(args.build, args.cache, args.context))
+        return 0
+    if args.verify:
+        print(json.dumps(verify_prompts(args), indent=2))
         return 0
     if args.child:
         print(json.dumps(measure(args.child, Path(args.package), args.steps)))

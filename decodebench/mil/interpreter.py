@@ -23,6 +23,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Program, types
 from numpy.typing import ArrayLike
 
+from decodebench.mil.blas import blas_threads
 from decodebench.mil.ops import KERNELS, OpArgs
 from decodebench.mil.ops_tensor import slices
 from decodebench.mil.plan import (
@@ -93,6 +94,9 @@ def op_location(op: Any, index: int, function: str) -> str:
 
 class Interpreter:
     """Runs one function of a program; construct once, call :meth:`run` for every step."""
+
+    # OpenBLAS threads during a step (decodebench.mil.blas); None leaves the process's setting.
+    blas_threads: int | None = 1
 
     def __init__(self, program: Program, function: str = "main", check_finite: bool = True) -> None:
         if function not in program.functions:
@@ -181,6 +185,14 @@ class Interpreter:
         unknown = sorted(set(inputs) - set(self.inputs))
         if unknown:
             raise MilError(f"the program has no inputs named {', '.join(unknown)}")
+        with blas_threads(self.blas_threads):
+            self._run_plan(plan, values, states)
+        return {
+            name: values[slot] if constant is None else constant
+            for name, slot, constant in plan.outputs
+        }
+
+    def _run_plan(self, plan: Plan, values: list[Any], states: dict[str, np.ndarray]) -> None:
         settle = any(step.kind == CONSTEXPR for step in plan.steps)
         for step in plan.steps:
             try:
@@ -210,10 +222,6 @@ class Interpreter:
                 values[slot] = None
         if settle:
             settle_constexpr(plan, values)
-        return {
-            name: values[slot] if constant is None else constant
-            for name, slot, constant in plan.outputs
-        }
 
     def _step(
         self, step: Step, values: list[Any], states: dict[str, np.ndarray], plan: Plan
