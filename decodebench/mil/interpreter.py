@@ -23,15 +23,34 @@ import numpy as np
 from coremltools.converters.mil.mil import Program, types
 from numpy.typing import ArrayLike
 
+from decodebench.mil.blas import blas_threads
 from decodebench.mil.ops import KERNELS, OpArgs
+from decodebench.mil.ops_tensor import slices
+from decodebench.mil.plan import (
+    CONSTEXPR,
+    FP16,
+    KERNEL,
+    OVERRIDDEN,
+    READ_STATE,
+    READ_STATE_SHARED,
+    SLICE_UPDATE_IN_PLACE,
+    UPDATE_STATE,
+    WIDE_CONSTANT_BUDGET,
+    Plan,
+    SlotEnv,
+    Step,
+    all_finite,
+    compile_plan,
+    settle_constexpr,
+    widen,
+)
+from decodebench.mil.plan import input_vars as _input_vars
+from decodebench.mil.plan import static_shape as _static_shape
 from decodebench.mil.program import MilError
 
 STATE_OPS = frozenset({"read_state", "coreml_update_state", "write_state"})
 _SUB_BYTE = {"int4": np.int8, "uint1": np.uint8, "uint2": np.uint8, "uint3": np.uint8}
 _SUB_BYTE |= {"uint4": np.uint8, "uint6": np.uint8}
-# fp16 weights widened to fp32 are kept up to this size, so each step does not widen them again
-# (half the time of a step otherwise); larger models widen the rest on every use.
-WIDE_CONSTANT_BUDGET = 2 * 2**30
 
 
 class UnsupportedOpError(MilError):
@@ -66,13 +85,6 @@ def numpy_dtype(builtin: Any) -> np.dtype:
     return np.dtype(types.nptype_from_builtin(builtin))
 
 
-def _static_shape(var: Any) -> tuple[int, ...] | None:
-    shape = var.shape
-    if all(isinstance(size, int | np.integer) for size in shape):
-        return tuple(int(size) for size in shape)
-    return None
-
-
 def op_location(op: Any, index: int, function: str) -> str:
     outputs = ", ".join(var.name for var in op.outputs)
     location = f"op #{index} '{op.name}' ({op.op_type} -> {outputs}) in function '{function}'"
@@ -82,6 +94,9 @@ def op_location(op: Any, index: int, function: str) -> str:
 
 class Interpreter:
     """Runs one function of a program; construct once, call :meth:`run` for every step."""
+
+    # OpenBLAS threads during a step (decodebench.mil.blas); None leaves the process's setting.
+    blas_threads: int | None = 1
 
     def __init__(self, program: Program, function: str = "main", check_finite: bool = True) -> None:
         if function not in program.functions:
@@ -115,6 +130,7 @@ class Interpreter:
         self._constexpr_cache: dict[int, tuple[np.ndarray, ...]] = {}
         self._wide_constants: dict[int, np.ndarray] = {}
         self._wide_bytes = 0
+        self._plan: Plan | None = None  # compiled at the first run (subclasses may drop ops)
 
     @property
     def function(self) -> Any:
@@ -155,32 +171,126 @@ class Interpreter:
         missing_states = sorted(set(self.states) - set(states))
         if missing_states:
             raise MilError(f"no storage for states: {', '.join(missing_states)}")
-        env: dict[int, Any] = {}
-        for name, var in self._function.inputs.items():
+        plan = self._plan
+        if plan is None:
+            overridden = type(self)._execute is not Interpreter._execute
+            plan = compile_plan(
+                self._operations, self._function, self._state_names, numpy_dtype, overridden
+            )
+            self._plan = plan
+        values = list(plan.template)
+        for name, slot in plan.inputs.items():
             if name in self.inputs:
-                env[id(var)] = self._checked_input(name, inputs)
+                values[slot] = self._checked_input(name, inputs)
         unknown = sorted(set(inputs) - set(self.inputs))
         if unknown:
             raise MilError(f"the program has no inputs named {', '.join(unknown)}")
+        with blas_threads(self.blas_threads):
+            self._run_plan(plan, values, states)
+        return {
+            name: values[slot] if constant is None else constant
+            for name, slot, constant in plan.outputs
+        }
 
-        for index, op in enumerate(self._operations):
-            if op.op_type == "const":
-                continue
+    def _run_plan(self, plan: Plan, values: list[Any], states: dict[str, np.ndarray]) -> None:
+        settle = any(step.kind == CONSTEXPR for step in plan.steps)
+        for step in plan.steps:
             try:
-                results = self._execute(op, env, states)
+                results = self._step(step, values, states, plan)
             except MilError:
                 raise
             except Exception as error:  # a kernel failed: say where, keep the cause
-                location = op_location(op, index, self.function_name)
+                location = op_location(step.op, step.index, self.function_name)
                 raise InterpreterError(f"{location} failed: {error}") from error
-            for var, value in zip(op.outputs, results, strict=True):
-                env[id(var)] = self._checked_output(var, value, op, index)
+            for slot, dtype, shape, value in zip(
+                step.outputs, step.dtypes, step.shapes, results, strict=True
+            ):
+                with np.errstate(over="ignore"):  # an overflow is reported by _check_finite
+                    array = np.asarray(value).astype(dtype, copy=False)
+                if shape is not None and array.shape != shape:
+                    raise InterpreterError(
+                        f"{op_location(step.op, step.index, self.function_name)} produced "
+                        f"shape {list(array.shape)}, the program declares {list(shape)}"
+                    )
+                values[slot] = array
             if self.check_finite:
-                self._check_finite(op, index, env)
-            for var in _input_vars(op):
-                if self._last_use.get(id(var)) == index:
-                    env.pop(id(var), None)
-        return {var.name: self._value(var, env) for var in self._function.outputs}
+                for slot in step.outputs:
+                    array = values[slot]
+                    if array.dtype.kind == "f" and not all_finite(array):
+                        self._non_finite(step, slot, values)
+            for slot in step.frees:
+                values[slot] = None
+        if settle:
+            settle_constexpr(plan, values)
+
+    def _step(
+        self, step: Step, values: list[Any], states: dict[str, np.ndarray], plan: Plan
+    ) -> Sequence[Any]:
+        kind = step.kind
+        if kind == KERNEL or kind == CONSTEXPR:
+            operands: dict[str, Any] = {}
+            for name, slot in step.params:
+                if slot.__class__ is tuple:
+                    operands[name] = [widen(values[item]) for item in slot]
+                else:
+                    value = values[slot]
+                    if value.__class__ is np.ndarray and value.dtype == FP16:
+                        value = value.astype(np.float32)
+                    elif value.__class__ is np.float16:
+                        value = np.float32(value)
+                    operands[name] = value
+            result = step.kernel(OpArgs(step.op, operands, step.shapes))
+            return result if isinstance(result, tuple) else (result,)
+        if kind == READ_STATE:
+            return (states[self._checked_state(step)].copy(),)
+        if kind == READ_STATE_SHARED:  # its one reader writes the state's storage in place
+            name = self._checked_state(step)
+            stored, spec = states[name], self.states[name]
+            shared = isinstance(stored, np.ndarray) and stored.flags.writeable
+            if shared and stored.dtype == step.dtypes[0] == spec.dtype:
+                return (stored,)
+            return (stored.copy(),)  # a state stored otherwise: updated the usual way
+        if kind == SLICE_UPDATE_IN_PLACE:
+            return (self._slice_update_in_place(step, values),)
+        if kind == OVERRIDDEN:
+            return self._execute(step.op, SlotEnv(values, plan.slots), states)
+        name = self._checked_state(step)
+        value = values[step.value]
+        if value is not states.get(name):  # not already written in place
+            states[name] = np.asarray(value).astype(self.states[name].dtype)
+        return (value,) if step.outputs else ()
+
+    def _slice_update_in_place(self, step: Step, values: list[Any]) -> np.ndarray:
+        """``slice_update`` writing into its input (the state's storage, or a private copy)."""
+        params = dict(step.params)
+        target = values[params["x"]]
+        operands = {name: widen(values[slot]) for name, slot in step.params if name != "x"}
+        index = slices(OpArgs(step.op, operands, step.shapes), target.shape)
+        with np.errstate(over="ignore"):
+            target[index] = np.asarray(values[params["update"]]).reshape(target[index].shape)
+        return target
+
+    def _checked_state(self, step: Step) -> str:
+        if not step.state:
+            state = step.op.inputs["state" if step.kind == UPDATE_STATE else "input"]
+            raise InterpreterError(f"{state.name!r} is not a state of this function")
+        return step.state
+
+    def _non_finite(self, step: Step, slot: int, values: list[Any]) -> None:
+        """Raise NonFiniteError unless the infinity was passed on (a -inf mask), not made."""
+        array = values[slot]
+        nan = bool(np.isnan(array).any())
+        if not nan and any(_has_infinity(values[item]) for item in step.reads):
+            return
+        what = "NaN" if nan else "an infinity (fp16 overflow?)"
+        count = int((~np.isfinite(array)).sum())
+        var = step.op.outputs[step.outputs.index(slot)]
+        raise NonFiniteError(
+            f"{op_location(step.op, step.index, self.function_name)} produced {what}: "
+            f"{count} of {array.size} values of {var.name!r} are not finite",
+            step.op.name,
+            step.op.op_type,
+        )
 
     def _checked_input(self, name: str, inputs: Mapping[str, ArrayLike]) -> np.ndarray:
         spec = self.inputs[name]
@@ -193,34 +303,6 @@ class Interpreter:
                 f"{list(spec.shape)}"
             )
         return array.astype(spec.dtype, copy=False)
-
-    def _checked_output(self, var: Any, value: Any, op: Any, index: int) -> np.ndarray:
-        with np.errstate(over="ignore"):  # an overflow is reported by _check_finite, by op
-            array = np.asarray(value).astype(numpy_dtype(var.dtype), copy=False)
-        declared = _static_shape(var)
-        if declared is not None and array.shape != declared:
-            raise InterpreterError(
-                f"{op_location(op, index, self.function_name)} produced shape "
-                f"{list(array.shape)}, the program declares {list(declared)}"
-            )
-        return array
-
-    def _check_finite(self, op: Any, index: int, env: Mapping[int, Any]) -> None:
-        for var in op.outputs:
-            array = env[id(var)]
-            if array.dtype.kind != "f" or np.isfinite(array).all():
-                continue
-            nan = bool(np.isnan(array).any())
-            if not nan and any(_has_infinity(self._value(item, env)) for item in _input_vars(op)):
-                continue  # an infinity passed on (a -inf mask), not made here
-            what = "NaN" if nan else "an infinity (fp16 overflow?)"
-            count = int((~np.isfinite(array)).sum())
-            raise NonFiniteError(
-                f"{op_location(op, index, self.function_name)} produced {what}: "
-                f"{count} of {array.size} values of {var.name!r} are not finite",
-                op.name,
-                op.op_type,
-            )
 
     def _value(self, var: Any, env: Mapping[int, Any]) -> Any:
         if id(var) in env:
@@ -269,7 +351,7 @@ class Interpreter:
         widened = self._wide_constants.get(id(var))
         if widened is not None:
             return widened
-        value = _widen(self._value(var, env))
+        value = widen(self._value(var, env))
         producer = var.op.op_type if var.op is not None else ""
         constant = producer == "const" or producer.startswith("constexpr_")
         if constant and isinstance(value, np.ndarray) and value.dtype == np.float32:
@@ -285,21 +367,6 @@ class Interpreter:
             raise InterpreterError(f"{var.name!r} is not a state of this function") from None
 
 
-def _input_vars(op: Any) -> list[Any]:
-    found: list[Any] = []
-    for var in op.inputs.values():
-        found.extend(var if isinstance(var, list | tuple) else [var])
-    return found
-
-
 def _has_infinity(value: Any) -> bool:
     array = np.asarray(value)
     return array.dtype.kind == "f" and bool(np.isinf(array).any())
-
-
-def _widen(value: Any) -> Any:
-    if isinstance(value, np.ndarray) and value.dtype == np.float16:
-        return value.astype(np.float32)
-    if isinstance(value, np.float16):
-        return np.float32(value)
-    return value

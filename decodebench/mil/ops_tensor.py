@@ -80,7 +80,7 @@ def _split(args: OpArgs) -> tuple[np.ndarray, ...]:
     return tuple(np.split(x, boundaries, axis=axis))
 
 
-def _slices(args: OpArgs, shape: Sequence[int]) -> tuple[Any, ...]:
+def slices(args: OpArgs, shape: Sequence[int]) -> tuple[Any, ...]:
     rank = len(shape)
     begin = args.ints("begin") or []
     end = args.ints("end") or []
@@ -102,7 +102,7 @@ def _slices(args: OpArgs, shape: Sequence[int]) -> tuple[Any, ...]:
 @kernel("slice_by_index")
 def _slice_by_index(args: OpArgs) -> np.ndarray:
     x = np.asarray(args["x"])
-    return x[_slices(args, x.shape)]
+    return x[slices(args, x.shape)]
 
 
 @kernel("slice_by_size")
@@ -120,7 +120,7 @@ def _slice_by_size(args: OpArgs) -> np.ndarray:
 @kernel("slice_update")
 def _slice_update(args: OpArgs) -> np.ndarray:
     x = np.array(args["x"], copy=True)
-    index = _slices(args, x.shape)
+    index = slices(args, x.shape)
     x[index] = np.asarray(args["update"]).reshape(x[index].shape)
     return x
 

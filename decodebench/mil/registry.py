@@ -19,9 +19,12 @@ KERNELS: dict[str, Kernel] = {}
 class OpArgs:
     """The evaluated inputs of one op, by parameter name."""
 
-    def __init__(self, op: Any, values: dict[str, Any]) -> None:
+    def __init__(
+        self, op: Any, values: dict[str, Any], shapes: Sequence[tuple[int, ...] | None] = ()
+    ) -> None:
         self.op = op
         self._values = values
+        self._shapes = shapes  # the declared output shapes, when the caller knows them
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
@@ -49,6 +52,8 @@ class OpArgs:
 
     def output_shape(self, index: int = 0) -> tuple[int, ...] | None:
         """The declared output shape when every dimension is known."""
+        if self._shapes:
+            return self._shapes[index]
         shape = self.op.outputs[index].shape
         if all(isinstance(size, int | np.integer) for size in shape):
             return tuple(int(size) for size in shape)

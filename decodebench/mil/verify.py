@@ -16,6 +16,7 @@ logit) never agrees: the comparison stops there and ``non_finite`` says which pr
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,14 +28,31 @@ from decodebench.mil.inputs import DecodeInterface, InputMapping, MappingFile, r
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import MilError, load_package
 
+PREFILL_FUNCTION = "prefill"  # what decodebench.building.convert names a package's prefill function
+
 
 class DecodeSession:
-    """One program's decode loop: a KV cache (the states) and a step function."""
+    """One program's decode loop: a KV cache (the states) and a step function.
 
-    def __init__(self, interpreter: Interpreter, interface: DecodeInterface) -> None:
+    With ``prefill`` (the interpreter of the program's prefill function, sharing the states) the
+    prompt goes through it a chunk at a time, as a phone does; what is left over, and a
+    decode-only program's whole prompt, is stepped one token at a time.
+    """
+
+    def __init__(
+        self,
+        interpreter: Interpreter,
+        interface: DecodeInterface,
+        prefill: Interpreter | None = None,
+    ) -> None:
         self.interpreter = interpreter
         self.interface = interface
+        self.prefill_interpreter = prefill
         self.states = interpreter.new_states()
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.prefill_interpreter is not None
 
     def reset(self) -> None:
         self.states = self.interpreter.new_states()
@@ -46,17 +64,94 @@ class DecodeSession:
         logits = np.asarray(outputs[self.interface.logits], dtype=np.float32)
         return logits.reshape(-1, self.interface.vocab)[-1]
 
+    def prefill(self, prompt: Sequence[int], start: int = 0) -> np.ndarray:
+        """Logits [len(prompt), vocab] (fp32) of the prompt written from position ``start``."""
+        rows: list[np.ndarray] = []
+        done = 0
+        if self.prefill_interpreter is not None:
+            chunk = prefill_chunk(self.prefill_interpreter, self.interface)
+            context = self.interface.context
+            while len(prompt) - done >= chunk and start + done + chunk <= context:
+                tokens = prompt[done : done + chunk]
+                feed = chunk_feed(self.prefill_interpreter, self.interface, tokens, start + done)
+                outputs = self.prefill_interpreter.run(feed, self.states)
+                logits = np.asarray(outputs[self.interface.logits], dtype=np.float32)
+                rows.extend(logits.reshape(-1, self.interface.vocab))
+                done += chunk
+        for token in prompt[done:]:
+            rows.append(self.step(token, start + done))
+            done += 1
+        return np.stack(rows)
+
     def next_token(self, token: int, position: int) -> int:
         """The greedy token after ``token`` at ``position`` (a harness token source)."""
         return int(np.argmax(self.step(token, position)))
 
 
+def prefill_chunk(interpreter: Interpreter, interface: DecodeInterface) -> int:
+    """The query length of a prefill function: its token input's last axis."""
+    return int(interpreter.inputs[interface.token].shape[-1])
+
+
+def chunk_feed(
+    interpreter: Interpreter, interface: DecodeInterface, tokens: Sequence[int], position: int
+) -> dict[str, np.ndarray]:
+    """The inputs of one prefill chunk: ``tokens`` from ``position`` (its mask is in-graph)."""
+    specs = interpreter.inputs
+    unknown = set(specs) - {interface.token, interface.position}
+    if unknown or interface.position is None:
+        raise MilError(f"the prefill function takes inputs it cannot be fed: {sorted(unknown)}")
+    for token in tokens:
+        if not 0 <= token < interface.vocab:
+            raise MilError(f"token {token} outside the vocabulary of {interface.vocab}")
+    token_spec, position_spec = specs[interface.token], specs[interface.position]
+    return {
+        interface.token: np.asarray(tokens, token_spec.dtype).reshape(token_spec.shape),
+        interface.position: np.full(position_spec.shape, position, position_spec.dtype),
+    }
+
+
+# Programs loaded in this process, by content: `verify A A` and repeated sessions load once.
+_LOADED: dict[str, tuple[Interpreter, Interpreter | None]] = {}
+_LOADED_LIMIT = 2
+
+
+def load_interpreters(path: Path | str) -> tuple[Interpreter, Interpreter | None]:
+    """The decode (``main``) interpreter of a package and its prefill one, if it has one."""
+    key = package_digest(path)
+    found = _LOADED.get(key)
+    if found is not None:
+        return found
+    package = load_package(path)
+    decode = Interpreter(package.program)
+    prefill = None
+    if PREFILL_FUNCTION in package.program.functions:
+        prefill = Interpreter(package.program, PREFILL_FUNCTION)
+        if prefill.states != decode.states:
+            prefill = None  # not sharing the decode step's cache: not a prefill for it
+    while len(_LOADED) >= _LOADED_LIMIT:
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = (decode, prefill)
+    return decode, prefill
+
+
+def package_digest(path: Path | str) -> str:
+    """SHA-256 over a package's files (names and contents)."""
+    digest = hashlib.sha256()
+    root = Path(path)
+    for file in sorted(item for item in root.rglob("*") if item.is_file()):
+        digest.update(str(file.relative_to(root)).encode() + b"\0")
+        with file.open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
+
+
 def open_session(
     path: Path | str, mapping: InputMapping | None = None, label: str | None = None
 ) -> DecodeSession:
-    package = load_package(path)
-    interpreter = Interpreter(package.program)
-    return DecodeSession(interpreter, recognise(interpreter, mapping, label or str(path)))
+    decode, prefill = load_interpreters(path)
+    interface = recognise(decode, mapping, label or str(path))
+    return DecodeSession(decode, interface, prefill)
 
 
 class VerifyResult(BaseModel):
@@ -114,10 +209,22 @@ def compare_sessions(
     max_abs, max_scale = 0.0, 0.0
     non_finite: str | None = None
     token = prompt[0]
+    rows: list[np.ndarray | None] = [None, None]  # a prefill function's prompt logits
     for position in range(len(prompt) + steps - 1):
         try:
-            logits_a = _finite_step(a, labels[0], token, position)
-            logits_b = _finite_step(b, labels[1], token, position)
+            if position == 0:
+                rows = [
+                    _finite_prefill(session, label, prompt)
+                    if getattr(session, "has_prefill", False)  # any session with step() will do
+                    else None
+                    for session, label in ((a, labels[0]), (b, labels[1]))
+                ]
+            logits_a, logits_b = (
+                row[position]
+                if row is not None and position < len(prompt)
+                else _finite_step(session, label, token, position)
+                for row, session, label in zip(rows, (a, b), labels, strict=True)
+            )
         except NonFiniteError as error:
             non_finite = str(error)
             breaches.append(True)
@@ -176,6 +283,22 @@ def _finite_step(session: DecodeSession, label: str, token: int, position: int) 
             f"{label}: {count} non-finite logits at position {position}", "logits", "output"
         )
     return logits
+
+
+def _finite_prefill(session: DecodeSession, label: str, prompt: Sequence[int]) -> np.ndarray:
+    """The prompt's logits through the prefill function; NonFiniteError naming the program."""
+    try:
+        rows = session.prefill(prompt)
+    except NonFiniteError as error:
+        raise NonFiniteError(f"{label}: {error}", error.op_name, error.op_type) from error
+    finite = np.isfinite(rows).all(axis=1)
+    if not finite.all():
+        position = int(np.argmin(finite))
+        count = int((~np.isfinite(rows[position])).sum())
+        raise NonFiniteError(
+            f"{label}: {count} non-finite logits at position {position}", "logits", "output"
+        )
+    return rows
 
 
 def verify_packages(
