@@ -1,6 +1,6 @@
 """The interpreter's numerics, pinned: what each test program produced, bit for bit.
 
-``python -m tests.interpreter_pins`` (from the repository root, with ``PYTHONPATH=.``) runs the
+``python -m tests.support.interpreter_pins`` (from the repository root, with ``PYTHONPATH=.``) runs the
 interpreter on
 
 - every op case of ``tests/test_mil_interpreter.py``, with fp32 inputs and again with fp16 inputs
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent / "data"
+from tests.support.paths import DATA, ROOT
+
 ARRAYS = DATA / "interpreter_pins.npz"
 SUMMARY = DATA / "interpreter_pins.json"
 PROMPT = [3, 1, 4, 1, 5]
@@ -97,8 +98,7 @@ def smollm2_package() -> Path:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, str(root / "bench/interpreter.py"), "--build", "smollm2-fp16"]
+    command = [sys.executable, str(ROOT / "bench/interpreter.py"), "--build", "smollm2-fp16"]
     built = subprocess.run(command, capture_output=True, text=True, check=True)
     return Path(built.stdout.strip().splitlines()[-1])
 

@@ -1,6 +1,6 @@
 """The interpreter computes today exactly what it computed when its numerics were pinned.
 
-The pins (``tests/data/interpreter_pins.*``, made by ``python -m tests.interpreter_pins``) hold
+The pins (``tests/data/interpreter_pins.*``, made by ``python -m tests.support.interpreter_pins``) hold
 the outputs of every op case of the interpreter tests and the logits of the tiny builds and of
 SmolLM2-135M: a faster interpreter must give the same tokens and the same bits.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import interpreter_pins as pins
+from tests.support import interpreter_pins as pins
 
 SUMMARY = json.loads(pins.SUMMARY.read_text())
 
@@ -60,7 +60,7 @@ def test_tiny_package_tokens_and_logits_are_bit_identical(
 def test_smollm2_tokens_and_logits_are_bit_identical() -> None:
     expected = SUMMARY.get("smollm2")
     if expected is None:
-        pytest.skip("no SmolLM2 pin (python -m tests.interpreter_pins --smollm2)")
+        pytest.skip("no SmolLM2 pin (python -m tests.support.interpreter_pins --smollm2)")
     tokens, logits = pins.decode(pins.smollm2_package(), pins.SMOLLM2_PROMPT, pins.SMOLLM2_STEPS)
     assert tokens == expected["tokens"]
     assert pins.digest(logits) == expected["logits_sha256"]
