@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Family = Literal["llama", "qwen2", "exaone4"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4")
+Family = Literal["llama", "qwen2", "exaone4", "qwen3", "smollm3"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4", "qwen3", "smollm3")
 
 
 class RopeScaling(BaseModel):
@@ -40,7 +40,9 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    family: Family = Field(description="Architecture family: llama, qwen2 or exaone4")
+    family: Family = Field(
+        description="Architecture family: llama, qwen2, exaone4, qwen3 or smollm3"
+    )
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=8)
     intermediate_size: int = Field(ge=8)
@@ -52,6 +54,8 @@ class ModelConfig(BaseModel):
     rope_theta: float = 1_000_000.0
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-5
+    # SmolLM3: 1 where layer i applies RoPE, 0 where it attends without (Hugging Face's name).
+    no_rope_layers: tuple[int, ...] | None = None
     seed: int = 0
 
     @model_validator(mode="after")
@@ -63,6 +67,11 @@ class ModelConfig(BaseModel):
             )
         if self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        if self.no_rope_layers is not None and len(self.no_rope_layers) < self.num_layers:
+            raise ValueError(
+                f"no_rope_layers names {len(self.no_rope_layers)} layers, "
+                f"the model has {self.num_layers}"
+            )
         return self
 
     @property
@@ -77,8 +86,8 @@ class ModelConfig(BaseModel):
 
     @property
     def qk_norm(self) -> bool:
-        """EXAONE 4 RMS-normalises every query and key head before RoPE."""
-        return self.family == "exaone4"
+        """EXAONE 4 and Qwen3 RMS-normalise every query and key head before RoPE."""
+        return self.family in ("exaone4", "qwen3")
 
     @property
     def post_norm(self) -> bool:

@@ -15,14 +15,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from decodebench.modeling.families import FAMILIES, family_for
 from decodebench.presets import ModelConfig, RopeScaling
 
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Exaone4ForCausalLM": "exaone4",
-}
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "exaone4": "exaone4"}
+ARCHITECTURES = {family.architecture: family.name for family in FAMILIES.values()}
+MODEL_TYPES = {family.name: family.name for family in FAMILIES.values()}
 _HASH_CHUNK = 16 * 2**20
 
 
@@ -104,9 +101,9 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
     family = _family(config)
     _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
     _refuse(config, "mlp_bias", False, "MLP projections have no bias")
-    if family == "llama":
-        _refuse(config, "attention_bias", False, "Llama projections have no bias")
-    if family == "qwen2":
+    if family in ("llama", "qwen3", "smollm3"):
+        _refuse(config, "attention_bias", False, f"{family} projections have no bias")
+    if family in ("qwen2", "qwen3", "smollm3"):
         _refuse(config, "use_sliding_window", False, "sliding-window attention")
     if family == "exaone4":
         layer_types = config.get("layer_types") or []
@@ -134,9 +131,24 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            no_rope_layers=_no_rope_layers(config, family),
         )
     except ValueError as error:
         raise WeightsError(f"config.json: {error}") from None
+
+
+def _no_rope_layers(config: dict[str, Any], family: str) -> tuple[int, ...] | None:
+    """SmolLM3's layers without RoPE: listed, or every ``no_rope_layer_interval``-th layer."""
+    if family != "smollm3":
+        return None
+    layers = int(_require(config, "num_hidden_layers"))
+    listed = config.get("no_rope_layers")
+    if listed is None:
+        interval = int(config.get("no_rope_layer_interval", 4))
+        return tuple(int((index + 1) % interval != 0) for index in range(layers))
+    if len(listed) != layers or any(flag not in (0, 1) for flag in listed):
+        raise WeightsError(f"config.json: no_rope_layers must hold {layers} flags of 0 or 1")
+    return tuple(int(flag) for flag in listed)
 
 
 def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> dict[str, Any]:
@@ -165,8 +177,12 @@ def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> 
         # transformers 5.24 derives layer_types by dividing by the window pattern: pass them.
         result["sliding_window"] = None
         result["layer_types"] = ["full_attention"] * config.num_layers
-    if config.family == "qwen2":
+    if config.family in ("qwen2", "qwen3", "smollm3"):
         result["use_sliding_window"] = False
+    if config.family in ("qwen3", "smollm3"):
+        result["attention_bias"] = False
+    if config.no_rope_layers is not None:
+        result["no_rope_layers"] = list(config.no_rope_layers)
     return result
 
 
@@ -179,38 +195,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name the decoder needs, with its shape (Hugging Face names)."""
-    hidden, head_dim = config.hidden_size, config.head_dim
-    q_size = config.num_attention_heads * head_dim
-    kv_size = config.num_key_value_heads * head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    for index in range(config.num_layers):
-        prefix = f"model.layers.{index}."
-        shapes[prefix + "self_attn.q_proj.weight"] = (q_size, hidden)
-        shapes[prefix + "self_attn.k_proj.weight"] = (kv_size, hidden)
-        shapes[prefix + "self_attn.v_proj.weight"] = (kv_size, hidden)
-        shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_size)
-        if config.qkv_bias:
-            shapes[prefix + "self_attn.q_proj.bias"] = (q_size,)
-            shapes[prefix + "self_attn.k_proj.bias"] = (kv_size,)
-            shapes[prefix + "self_attn.v_proj.bias"] = (kv_size,)
-        if config.qk_norm:
-            shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
-            shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
-        shapes[prefix + "mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
-        shapes[prefix + "mlp.up_proj.weight"] = (config.intermediate_size, hidden)
-        shapes[prefix + "mlp.down_proj.weight"] = (hidden, config.intermediate_size)
-        if config.post_norm:
-            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-            shapes[prefix + "post_feedforward_layernorm.weight"] = (hidden,)
-        else:
-            shapes[prefix + "input_layernorm.weight"] = (hidden,)
-            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-    return shapes
+    return family_for(config).shapes(config)
 
 
 # Tensors a checkpoint may carry that the decoder does not use.

@@ -7,8 +7,9 @@ from torch import nn
 from torch.nn import functional
 
 from decodebench.contracts.domain import Attention, KVCache
+from decodebench.modeling.families import family_for
 from decodebench.modeling.kv_modes import kv_mode
-from decodebench.modeling.layers import RMSNorm, rotate_half
+from decodebench.modeling.layers import RMSNorm, Rotary, rotary_for
 from decodebench.modeling.layouts import AttentionLayout, layout_for
 from decodebench.presets import ModelConfig
 
@@ -20,8 +21,10 @@ class GroupedQueryAttention(nn.Module):
         attention: Attention,
         kv: KVCache = KVCache.state,
         query_length: int = 1,
+        index: int = 0,
     ) -> None:
         super().__init__()
+        family = family_for(config)
         self.config = config
         self.attention = Attention(attention)
         self.kv = KVCache(kv)
@@ -35,11 +38,13 @@ class GroupedQueryAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         hidden, head_dim = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, self.query_heads * head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=config.qkv_bias)
+        bias = family.attention_bias
+        self.q_proj = nn.Linear(hidden, self.query_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(self.query_heads * head_dim, hidden, bias=False)
-        self.qk_norm = config.qk_norm
+        self.rotary: Rotary = rotary_for(family.rotary(config, index), head_dim)
+        self.qk_norm = family.qk_norm
         if self.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -63,9 +68,7 @@ class GroupedQueryAttention(nn.Module):
         if self.qk_norm:
             query = self.q_norm(query)
             key = self.k_norm(key)
-        half = head_dim // 2
-        query = query * cos + rotate_half(query, half) * sin
-        key = key * cos + rotate_half(key, half) * sin
+        query, key = self.rotary(query, cos, sin), self.rotary(key, cos, sin)
 
         context = self.kv_mode.attend(
             self,

@@ -28,6 +28,7 @@ from torch.nn import functional
 
 from decodebench.contracts.domain import Attention, KVCache
 from decodebench.modeling.attention import GroupedQueryAttention
+from decodebench.modeling.families import family_for
 from decodebench.modeling.kv_modes import kv_mode
 from decodebench.modeling.layers import MLP, RMSNorm, rope_tables
 from decodebench.modeling.layouts import layout_for
@@ -40,37 +41,28 @@ INIT_THREADS = 2
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm (Llama, Qwen2) or EXAONE 4's post-norm of each sub-block's output.
-
-    The attribute names are Hugging Face's; note ``post_attention_layernorm`` is the norm
-    *before* the MLP in Llama but the norm of the attention *output* in EXAONE 4.
-    """
+    """One layer; its family (:mod:`~decodebench.modeling.families`) decides its norms and how
+    attention and MLP compose (pre-norm in Llama, each sub-block's output normalised in
+    EXAONE 4). The attribute names are Hugging Face's."""
 
     def __init__(
-        self, config: ModelConfig, attention: Attention, kv: KVCache, query_length: int
+        self,
+        config: ModelConfig,
+        attention: Attention,
+        kv: KVCache,
+        query_length: int,
+        index: int = 0,
     ) -> None:
         super().__init__()
-        self.post_norm = config.post_norm
-        eps = config.rms_norm_eps
-        self.self_attn = GroupedQueryAttention(config, attention, kv, query_length)
+        self.family = family_for(config)
+        self.self_attn = GroupedQueryAttention(config, attention, kv, query_length, index)
         self.mlp = MLP(config)
-        if self.post_norm:
-            self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
-            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps)
-        else:
-            self.input_layernorm = RMSNorm(config.hidden_size, eps)
-            self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.family.add_norms(self, config)
 
     def forward(
         self, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.post_norm:
-            attended, key, value = self.self_attn(hidden, *attention_args)
-            hidden = hidden + self.post_attention_layernorm(attended)
-            return hidden + self.post_feedforward_layernorm(self.mlp(hidden)), key, value
-        attended, key, value = self.self_attn(self.input_layernorm(hidden), *attention_args)
-        hidden = hidden + attended
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)), key, value
+        return self.family.layer_forward(self, hidden, *attention_args)
 
 
 class DecoderBody(nn.Module):
@@ -80,7 +72,10 @@ class DecoderBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            [DecoderLayer(config, attention, kv, query_length) for _ in range(config.num_layers)]
+            [
+                DecoderLayer(config, attention, kv, query_length, index)
+                for index in range(config.num_layers)
+            ]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -48,6 +48,27 @@ def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class Rotary:
+    """RoPE of a query or key [1, H, C, D] with the position's cos and sin [1, 1, C, D]."""
+
+    def __init__(self, head_dim: int) -> None:
+        self.half = head_dim // 2
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + rotate_half(x, self.half) * sin
+
+
+class NoRotary(Rotary):
+    """A layer that attends without positions (SmolLM3's NoPE layers)."""
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def rotary_for(rotates: bool, head_dim: int) -> Rotary:
+    return Rotary(head_dim) if rotates else NoRotary(head_dim)
+
+
 def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies in fp64, with Llama 3 scaling when the config has it."""
     dim = config.head_dim

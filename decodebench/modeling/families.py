@@ -1,0 +1,159 @@
+"""Model families: what one architecture does differently, each a small strategy object.
+
+The decoder asks the family of its config (:func:`family_for`) instead of branching on the
+architecture: which projections carry biases, whether query and key heads are RMS-normalised,
+which norms a layer holds and how a layer composes its attention and MLP, which layers rotate
+(RoPE), and the tensor names and shapes a checkpoint must provide (Hugging Face names).
+
+Importing this module loads no torch: the server checks uploaded checkpoints against
+:meth:`DecoderFamily.shapes` without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from decodebench.presets import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from decodebench.modeling.decoder import DecoderLayer
+
+    LayerOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+class DecoderFamily:
+    """A pre-norm decoder (Llama): ``h + attn(norm(h))``, then ``h + mlp(norm(h))``."""
+
+    name: ClassVar[str] = "llama"
+    architecture: ClassVar[str] = "LlamaForCausalLM"
+    attention_bias: ClassVar[bool] = False
+    qk_norm: ClassVar[bool] = False
+    # The layer's norms, in Hugging Face's names.
+    norms: ClassVar[tuple[str, ...]] = ("input_layernorm", "post_attention_layernorm")
+
+    def add_norms(self, layer: nn.Module, config: ModelConfig) -> None:
+        from decodebench.modeling.layers import RMSNorm
+
+        for norm in self.norms:
+            layer.add_module(norm, RMSNorm(config.hidden_size, config.rms_norm_eps))
+
+    def layer_forward(
+        self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
+    ) -> LayerOutput:
+        attended, key, value = layer.self_attn(layer.input_layernorm(hidden), *attention_args)
+        hidden = hidden + attended
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden)), key, value
+
+    def rotary(self, config: ModelConfig, index: int) -> bool:
+        """Whether layer ``index`` applies RoPE to its queries and keys."""
+        return True
+
+    def layer_shapes(self, config: ModelConfig) -> Shapes:
+        """One layer's tensors (names relative to ``model.layers.N.``) with their shapes."""
+        hidden, head_dim = config.hidden_size, config.head_dim
+        q_size = config.num_attention_heads * head_dim
+        kv_size = config.num_key_value_heads * head_dim
+        shapes: Shapes = {
+            "self_attn.q_proj.weight": (q_size, hidden),
+            "self_attn.k_proj.weight": (kv_size, hidden),
+            "self_attn.v_proj.weight": (kv_size, hidden),
+            "self_attn.o_proj.weight": (hidden, q_size),
+        }
+        if self.attention_bias:
+            shapes["self_attn.q_proj.bias"] = (q_size,)
+            shapes["self_attn.k_proj.bias"] = (kv_size,)
+            shapes["self_attn.v_proj.bias"] = (kv_size,)
+        if self.qk_norm:
+            shapes["self_attn.q_norm.weight"] = (head_dim,)
+            shapes["self_attn.k_norm.weight"] = (head_dim,)
+        shapes["mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
+        shapes["mlp.up_proj.weight"] = (config.intermediate_size, hidden)
+        shapes["mlp.down_proj.weight"] = (hidden, config.intermediate_size)
+        for norm in self.norms:
+            shapes[f"{norm}.weight"] = (hidden,)
+        return shapes
+
+    def shapes(self, config: ModelConfig) -> Shapes:
+        """Every tensor the decoder needs, with its shape (Hugging Face names)."""
+        shapes: Shapes = {
+            "model.embed_tokens.weight": (config.vocab_size, config.hidden_size),
+            "model.norm.weight": (config.hidden_size,),
+        }
+        if not config.tie_word_embeddings:
+            shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
+        layer = self.layer_shapes(config)
+        for index in range(config.num_layers):
+            shapes.update({f"model.layers.{index}.{name}": shape for name, shape in layer.items()})
+        return shapes
+
+
+class Llama(DecoderFamily):
+    pass
+
+
+class Qwen2(DecoderFamily):
+    """Llama with biases on q, k and v (not on o)."""
+
+    name = "qwen2"
+    architecture = "Qwen2ForCausalLM"
+    attention_bias = True
+
+
+class Qwen3(DecoderFamily):
+    """Llama with every query and key head RMS-normalised over head_dim before RoPE; no biases.
+
+    ``head_dim`` is its own config figure (128 on Qwen3-0.6B, where hidden / heads is 64).
+    """
+
+    name = "qwen3"
+    architecture = "Qwen3ForCausalLM"
+    qk_norm = True
+
+
+class SmolLM3(DecoderFamily):
+    """Llama whose every ``no_rope_layer_interval``-th layer attends without RoPE (NoPE).
+
+    ``config.no_rope_layers[i]`` is 1 where layer i rotates, 0 where it does not (Hugging Face's
+    convention and name).
+    """
+
+    name = "smollm3"
+    architecture = "SmolLM3ForCausalLM"
+
+    def rotary(self, config: ModelConfig, index: int) -> bool:
+        layers = config.no_rope_layers
+        return layers is None or bool(layers[index])
+
+
+class Exaone4(DecoderFamily):
+    """QK-norm, and each sub-block's *output* normalised (post-norm) instead of its input.
+
+    Note ``post_attention_layernorm`` is the norm of the attention output here, the norm before
+    the MLP in Llama.
+    """
+
+    name = "exaone4"
+    architecture = "Exaone4ForCausalLM"
+    qk_norm = True
+    norms = ("post_attention_layernorm", "post_feedforward_layernorm")
+
+    def layer_forward(
+        self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
+    ) -> LayerOutput:
+        attended, key, value = layer.self_attn(hidden, *attention_args)
+        hidden = hidden + layer.post_attention_layernorm(attended)
+        return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden)), key, value
+
+
+FAMILIES: dict[str, DecoderFamily] = {
+    family.name: family() for family in (Llama, Qwen2, Qwen3, SmolLM3, Exaone4)
+}
+
+
+def family_for(config: ModelConfig) -> DecoderFamily:
+    return FAMILIES[config.family]

@@ -1,0 +1,156 @@
+"""Tiny checkpoints of each model family, made by transformers' own classes, and the proofs each
+family's test runs on them.
+
+A checkpoint has random (seeded) weights plus two "massive activation" channels: residual
+channels whose embedding columns hold values of 300-500, as real LLMs' residual streams do, with
+the norms' weights small there (as real checkpoints learn). Their mean of squares is far past
+fp16's range, so the fp16 package only decodes the fp32 tokens if every norm stays fp16-safe.
+
+Each family's test checks (1) our PyTorch decoder in fp32 against transformers' logits, quickly,
+and (2) ``build_variant(weights=folder)`` fp16 packages, repeat_kv and folded, decoded by the MIL
+interpreter: exactly transformers fp32's greedy tokens, with every top-1/top-2 margin of the
+reference wide enough that fp16 rounding alone could not flip one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from decodebench.building.weights import load_checkpoint
+from decodebench.contracts.domain import Attention, KVCache
+
+transformers = pytest.importorskip("transformers")
+
+MASSIVE_CHANNELS = (3, 11)
+MASSIVE_SIGNS = (1.0, -1.0)
+# The two package variants each family builds: both layouts, and both KV modes between them.
+VARIANTS = ((Attention.repeat_kv, KVCache.state), (Attention.folded, KVCache.input))
+MIN_MARGIN = 1.0
+# Ordinary embedding channels and the layers' norm gain: large enough that a token still moves
+# the normalised stream next to the massive channels (whose RMS the norms divide by).
+EMBED_STD = 20.0
+LAYER_NORM_GAIN = 10.0
+
+
+def tiny_checkpoint(
+    folder: Path,
+    config_class: str,
+    model_class: str,
+    fields: dict[str, Any],
+    seed: int,
+    norm_weight: Callable[[float], float] = lambda value: value,
+) -> Path:
+    """Save a seeded random checkpoint of a transformers class, with massive channels.
+
+    ``norm_weight`` maps the wanted effective norm gain to the stored weight (Gemma stores
+    ``gain - 1``).
+    """
+    config = getattr(transformers, config_class)(**fields, pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config.hidden_size
+    with torch.no_grad():
+        embed = model.get_input_embeddings().weight
+        # Ordinary channels of a visible size next to the massive ones, so the tokens still
+        # differ after the norms divide by the massive RMS.
+        embed.normal_(0.0, EMBED_STD, generator=generator)
+        for channel, sign in zip(MASSIVE_CHANNELS, MASSIVE_SIGNS, strict=True):
+            values = torch.empty(embed.shape[0]).uniform_(300.0, 500.0, generator=generator)
+            embed[:, channel] = sign * values
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 1 and "norm" in name and parameter.shape[0] == hidden:
+                final = name == "model.norm.weight"
+                parameter.fill_(norm_weight(1.0 if final else LAYER_NORM_GAIN))
+                for channel in MASSIVE_CHANNELS:
+                    parameter[channel] = norm_weight(1e-3 if final else 0.05)
+    model.save_pretrained(folder)
+    return folder
+
+
+def reference_logits(folder: Path, tokens: list[int]) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    with torch.no_grad():
+        return model.eval()(torch.tensor([tokens])).logits[0]
+
+
+def margins(logits: torch.Tensor) -> torch.Tensor:
+    top = logits.topk(2, dim=-1).values
+    return top[:, 0] - top[:, 1]
+
+
+def check_pytorch_decoder(folder: Path, prompt: list[int], steps: int, context: int) -> None:
+    """Our decoder (fp32, both layouts) gives transformers' logits along its greedy path."""
+    from decodebench.modeling import build_model, greedy_decode
+
+    config, tensors = load_checkpoint(folder, dtype=torch.float32)
+    for attention in Attention:
+        model = build_model(config, context, attention, weights=tensors)
+        tokens, logits = greedy_decode(model, prompt, steps)
+        expected = reference_logits(folder, prompt + tokens[:-1])
+        torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-3, atol=2e-3)
+
+
+def check_packages(
+    folder: Path, prompt: list[int], steps: int, context: int, out: Path
+) -> list[int]:
+    """fp16 packages built from ``folder`` decode transformers fp32's greedy tokens exactly."""
+    from decodebench.building.agreement import measure_agreement
+    from decodebench.building.build import PACKAGE_NAME, build_variant
+    from decodebench.building.reference import reference_outputs
+    from decodebench.contracts.domain import VariantSpec
+    from decodebench.mil.program import quiet_coremltools
+
+    (expected,) = reference_outputs(folder, [prompt], steps)
+    along = reference_logits(folder, prompt + expected[:-1])[len(prompt) - 1 :]
+    assert len(set(expected)) > 3, expected  # a varied path, or equality proves little
+    assert float(margins(along).min()) > MIN_MARGIN, margins(along)
+    for attention, kv in VARIANTS:
+        variant = VariantSpec(attention=attention, kv=kv, context=context)
+        target = out / f"{attention.value}-{kv.value}"
+        with quiet_coremltools():
+            build_variant(folder.name, variant, target, weights=folder)
+        report = measure_agreement(target / PACKAGE_NAME, [prompt], [expected], steps)
+        assert report.non_finite == 0, report
+        assert report.prompts[0].tokens == expected, (attention, kv, report.prompts[0])
+    return expected
+
+
+def test_massive_channels_overflow_fp16_squares(tmp_path: Path) -> None:
+    """The checkpoints' residual stream really is beyond fp16 in a naive RMSNorm."""
+    folder = tiny_checkpoint(
+        tmp_path / "llama",
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        seed=0,
+    )
+    _, tensors = load_checkpoint(folder, dtype=torch.float32)
+    embed = tensors["model.embed_tokens.weight"]
+    squares = embed.pow(2).sum(-1)
+    assert float(squares.min()) > torch.finfo(torch.float16).max
+    assert float(embed[:, list(MASSIVE_CHANNELS)].abs().min()) >= 300
+
+
+def test_config_properties_agree_with_the_family_strategies() -> None:
+    """The quantization sensitivity reads ModelConfig's flags; the decoder reads the family."""
+    from decodebench.modeling.families import FAMILIES
+    from decodebench.presets import TINY_LLAMA
+
+    for name, family in FAMILIES.items():
+        config = TINY_LLAMA.model_copy(update={"family": name})
+        assert config.qkv_bias == family.attention_bias, name
+        assert config.qk_norm == family.qk_norm, name
+        assert config.post_norm == ("input_layernorm" not in family.norms), name
