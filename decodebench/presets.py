@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Family = Literal["llama", "qwen2", "exaone4", "qwen3", "smollm3"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4", "qwen3", "smollm3")
+Family = Literal["llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3")
 
 
 class RopeScaling(BaseModel):
@@ -34,6 +34,25 @@ class RopeScaling(BaseModel):
         return self
 
 
+class LongRopeScaling(BaseModel):
+    """Phi-3's LongRoPE: per-frequency divisors, short up to the original context, long beyond,
+    and cos/sin multiplied by ``attention_factor`` (``rope_type: longrope``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rope_type: Literal["longrope"] = "longrope"
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int = Field(ge=1)
+    attention_factor: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> LongRopeScaling:
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError("short_factor and long_factor must have the same length")
+        return self
+
+
 class ModelConfig(BaseModel):
     """The shape of a Llama-family decoder with grouped-query attention."""
 
@@ -41,7 +60,7 @@ class ModelConfig(BaseModel):
 
     name: str
     family: Family = Field(
-        description="Architecture family: llama, qwen2, exaone4, qwen3 or smollm3"
+        description="Architecture family: llama, qwen2, exaone4, qwen3, smollm3 or phi3"
     )
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=8)
@@ -52,7 +71,9 @@ class ModelConfig(BaseModel):
     head_dim: int = Field(ge=2)
     tie_word_embeddings: bool = True
     rope_theta: float = 1_000_000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | LongRopeScaling | None = None
+    # Phi-3 / Phi-4-mini rotate only the first head_dim * factor dimensions of each head.
+    partial_rotary_factor: float = Field(default=1.0, gt=0, le=1)
     rms_norm_eps: float = 1e-5
     # SmolLM3: 1 where layer i applies RoPE, 0 where it attends without (Hugging Face's name).
     no_rope_layers: tuple[int, ...] | None = None
@@ -65,14 +86,25 @@ class ModelConfig(BaseModel):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.head_dim % 2:
-            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        if self.head_dim % 2 or self.rotary_dim % 2:
+            raise ValueError("head_dim and its rotated part must be even (RoPE rotates pairs)")
+        if isinstance(self.rope_scaling, LongRopeScaling) and (
+            len(self.rope_scaling.short_factor) != self.rotary_dim // 2
+        ):
+            raise ValueError(
+                f"longrope factors must number rotary_dim / 2 = {self.rotary_dim // 2}"
+            )
         if self.no_rope_layers is not None and len(self.no_rope_layers) < self.num_layers:
             raise ValueError(
                 f"no_rope_layers names {len(self.no_rope_layers)} layers, "
                 f"the model has {self.num_layers}"
             )
         return self
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many dimensions of each head RoPE rotates (all but with a partial factor)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def group_size(self) -> int:
@@ -242,7 +274,26 @@ SMOLLM3_3B = ModelConfig(
     # Every fourth layer attends without RoPE (no_rope_layer_interval 4).
     no_rope_layers=tuple(int((index + 1) % 4 != 0) for index in range(36)),
 )
-PRESETS.update({preset.name: preset for preset in (QWEN_3_0_6B, QWEN_3_1_7B, SMOLLM3_3B)})
+PHI_4_MINI = ModelConfig(
+    name="phi-4-mini",
+    family="phi3",
+    num_layers=32,
+    hidden_size=3072,
+    intermediate_size=8192,
+    vocab_size=200064,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    rope_theta=10_000.0,
+    # 96 of 128 dimensions rotate. Its LongRoPE factors change the values of the cos/sin tables,
+    # not their shapes or the bytes a token reads, so the preset leaves them out.
+    partial_rotary_factor=0.75,
+    rms_norm_eps=1e-5,
+)
+PRESETS.update(
+    {preset.name: preset for preset in (QWEN_3_0_6B, QWEN_3_1_7B, SMOLLM3_3B, PHI_4_MINI)}
+)
 
 
 # Real checkpoints a sweep can name like a preset: their shape is known here (so a spec is

@@ -169,6 +169,7 @@ def test_config_properties_agree_with_the_family_strategies() -> None:
         ("qwen3-0.6b", 0.6, 0.44),
         ("qwen3-1.7b", 1.7, 1.4),
         ("smollm3-3b", 3.1, 2.8),
+        ("phi-4-mini", 3.8, 3.2),  # "3.8B parameters"
     ],
 )
 def test_presets_have_the_published_sizes(name: str, total: float, non_embedding: float) -> None:

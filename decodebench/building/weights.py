@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from decodebench.modeling.families import FAMILIES, family_for
-from decodebench.presets import ModelConfig, RopeScaling
+from decodebench.presets import LongRopeScaling, ModelConfig, RopeScaling
 
 ARCHITECTURES = {family.architecture: family.name for family in FAMILIES.values()}
 MODEL_TYPES = {family.name: family.name for family in FAMILIES.values()}
@@ -67,22 +68,36 @@ def _refuse(config: dict[str, Any], key: str, supported: object, why: str) -> No
         raise WeightsError(f"config.json: {key}={value!r} is not supported ({why})")
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+def _rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], str]:
     # transformers 5 writes `rope_parameters`; older checkpoints `rope_theta` + `rope_scaling`.
     parameters = dict(config.get("rope_scaling") or {})
     key = "rope_scaling"
     if isinstance(config.get("rope_parameters"), dict):
         parameters = {**parameters, **config["rope_parameters"]}
         key = "rope_parameters"
+    return parameters, key
+
+
+def _partial_rotary_factor(config: dict[str, Any], family: str) -> float:
+    parameters, key = _rope_parameters(config)
+    factor = float(parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1)))
+    if factor != 1.0 and family != "phi3":
+        raise WeightsError(f"config.json: {key}.partial_rotary_factor is not supported")
+    return factor
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | LongRopeScaling | None]:
+    parameters, key = _rope_parameters(config)
     theta = float(parameters.get("rope_theta", config.get("rope_theta", 10_000.0)))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-    if parameters.get("partial_rotary_factor", 1.0) != 1.0:
-        raise WeightsError(f"config.json: {key}.partial_rotary_factor is not supported")
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        return theta, _longrope(config, parameters, key)
     if rope_type != "llama3":
         raise WeightsError(
-            f"config.json: {key}.rope_type={rope_type!r} is not supported (default, llama3)"
+            f"config.json: {key}.rope_type={rope_type!r} is not supported "
+            "(default, llama3, longrope)"
         )
     try:
         scaling = RopeScaling(
@@ -96,12 +111,39 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     return theta, scaling
 
 
+def _longrope(config: dict[str, Any], parameters: dict[str, Any], key: str) -> LongRopeScaling:
+    """transformers' reading: the attention factor defaults to sqrt(1 + ln s / ln original),
+    s the context growth (``factor``, or max over original position embeddings)."""
+    original = parameters.get(
+        "original_max_position_embeddings", config.get("original_max_position_embeddings")
+    )
+    if original is None:
+        raise WeightsError(f"config.json: {key}.original_max_position_embeddings is missing")
+    factor = parameters.get("factor")
+    if factor is None:
+        factor = int(_require(config, "max_position_embeddings")) / int(original)
+    attention_factor = parameters.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(int(original)))
+        )
+    try:
+        return LongRopeScaling(
+            short_factor=tuple(parameters["short_factor"]),
+            long_factor=tuple(parameters["long_factor"]),
+            original_max_position_embeddings=int(original),
+            attention_factor=float(attention_factor),
+        )
+    except KeyError as missing:
+        raise WeightsError(f"config.json: {key}.{missing.args[0]} is missing") from None
+
+
 def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
     """The :class:`ModelConfig` of a Hugging Face ``config.json`` (refusing what we can't build)."""
     family = _family(config)
     _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
     _refuse(config, "mlp_bias", False, "MLP projections have no bias")
-    if family in ("llama", "qwen3", "smollm3"):
+    if family in ("llama", "qwen3", "smollm3", "phi3"):
         _refuse(config, "attention_bias", False, f"{family} projections have no bias")
     if family in ("qwen2", "qwen3", "smollm3"):
         _refuse(config, "use_sliding_window", False, "sliding-window attention")
@@ -113,6 +155,8 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             raise WeightsError(
                 "config.json: sliding_window is not supported (hybrid local/global attention)"
             )
+    if family == "phi3":
+        _refuse_sliding_window(config)
     heads = int(_require(config, "num_attention_heads"))
     hidden = int(_require(config, "hidden_size"))
     theta, scaling = _rope(config)
@@ -132,9 +176,21 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             no_rope_layers=_no_rope_layers(config, family),
+            partial_rotary_factor=_partial_rotary_factor(config, family),
         )
     except ValueError as error:
         raise WeightsError(f"config.json: {error}") from None
+
+
+def _refuse_sliding_window(config: dict[str, Any]) -> None:
+    """Phi-3 sets ``sliding_window``; one at least the model's positions never drops a key."""
+    window = config.get("sliding_window")
+    positions = int(config.get("max_position_embeddings") or 0)
+    if window is not None and int(window) < positions:
+        raise WeightsError(
+            f"config.json: sliding_window={window} is not supported "
+            f"(narrower than max_position_embeddings {positions})"
+        )
 
 
 def _no_rope_layers(config: dict[str, Any], family: str) -> tuple[int, ...] | None:
@@ -183,6 +239,8 @@ def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> 
         result["attention_bias"] = False
     if config.no_rope_layers is not None:
         result["no_rope_layers"] = list(config.no_rope_layers)
+    if config.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = config.partial_rotary_factor
     return result
 
 
@@ -243,7 +301,7 @@ def load_checkpoint(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise WeightsError(f"{folder}: tensor {missing[0]} is missing{more}")
-    return config, tensors
+    return config, family_for(config).decoder_tensors(config, tensors)
 
 
 def _beyond_layers(name: str, num_layers: int, layers: int | None) -> bool:

@@ -43,7 +43,7 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(self.query_heads * head_dim, hidden, bias=False)
-        self.rotary: Rotary = rotary_for(family.rotary(config, index), head_dim)
+        self.rotary: Rotary = rotary_for(family.rotary(config, index), head_dim, config.rotary_dim)
         self.qk_norm = family.qk_norm
         if self.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)

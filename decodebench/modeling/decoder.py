@@ -233,7 +233,7 @@ class DecodeStepModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position: torch.Tensor, *rest: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        head_dim, length = self.config.head_dim, self.query_length
+        rotary_dim, length = self.config.rotary_dim, self.query_length
         hidden = self.model.embed_tokens(input_ids)
         if length == 1:
             causal, caches = rest[0].to(hidden.dtype), rest[1:]
@@ -242,8 +242,8 @@ class DecodeStepModel(nn.Module):
             caches = rest
             positions = position + self.token_offsets
             causal = self._prefill_mask(position)
-        cos = torch.index_select(self.rope_cos, 0, positions).view(1, 1, length, head_dim)
-        sin = torch.index_select(self.rope_sin, 0, positions).view(1, 1, length, head_dim)
+        cos = torch.index_select(self.rope_cos, 0, positions).view(1, 1, length, rotary_dim)
+        sin = torch.index_select(self.rope_sin, 0, positions).view(1, 1, length, rotary_dim)
         new_mask = self.kv_mode.new_token_mask(self)
         new_kv: list[torch.Tensor] = []
         for index, layer in enumerate(self.model.layers):

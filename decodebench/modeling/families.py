@@ -11,7 +11,7 @@ Importing this module loads no torch: the server checks uploaded checkpoints aga
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from decodebench.presets import ModelConfig
 
@@ -77,6 +77,10 @@ class DecoderFamily:
         for norm in self.norms:
             shapes[f"{norm}.weight"] = (hidden,)
         return shapes
+
+    def decoder_tensors(self, config: ModelConfig, tensors: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint's tensors under the decoder's parameter names (the same, here)."""
+        return tensors
 
     def shapes(self, config: ModelConfig) -> Shapes:
         """Every tensor the decoder needs, with its shape (Hugging Face names)."""
@@ -150,8 +154,59 @@ class Exaone4(DecoderFamily):
         return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden)), key, value
 
 
+class Phi3(DecoderFamily):
+    """Llama with fused ``qkv_proj`` and ``gate_up_proj`` (gate first), partial rotary and
+    LongRoPE (both in the config's RoPE tables).
+
+    The fused matrices are split when loaded: a decode step reads the same weight bytes either
+    way, and separate q/k/v and gate/up keep one decoder graph, the KV fold's patterns and the
+    quantization recipes' per-projection targets as for every other family.
+    """
+
+    name = "phi3"
+    architecture = "Phi3ForCausalLM"
+
+    def layer_shapes(self, config: ModelConfig) -> Shapes:
+        split = super().layer_shapes(config)
+        hidden = config.hidden_size
+        fused = {
+            "self_attn.qkv_proj.weight": (
+                sum(split[f"self_attn.{part}_proj.weight"][0] for part in "qkv"),
+                hidden,
+            ),
+            "mlp.gate_up_proj.weight": (2 * config.intermediate_size, hidden),
+        }
+        parts = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj")
+        kept = {
+            name: shape
+            for name, shape in split.items()
+            if not name.startswith(parts) and name != "mlp.up_proj.weight"
+        }
+        return {**fused, **kept}
+
+    def decoder_tensors(self, config: ModelConfig, tensors: dict[str, Any]) -> dict[str, Any]:
+        q_size = config.num_attention_heads * config.head_dim
+        kv_size = config.num_key_value_heads * config.head_dim
+        result = {}
+        for name, tensor in tensors.items():
+            prefix, _, rest = name.rpartition("self_attn.qkv_proj.")
+            if rest == "weight":
+                query, key, value = tensor.split((q_size, kv_size, kv_size))
+                for part, piece in zip("qkv", (query, key, value), strict=True):
+                    result[f"{prefix}self_attn.{part}_proj.weight"] = piece.contiguous()
+                continue
+            prefix, _, rest = name.rpartition("mlp.gate_up_proj.")
+            if rest == "weight":
+                gate, up = tensor.chunk(2)
+                result[f"{prefix}mlp.gate_proj.weight"] = gate.contiguous()
+                result[f"{prefix}mlp.up_proj.weight"] = up.contiguous()
+                continue
+            result[name] = tensor
+        return result
+
+
 FAMILIES: dict[str, DecoderFamily] = {
-    family.name: family() for family in (Llama, Qwen2, Qwen3, SmolLM3, Exaone4)
+    family.name: family() for family in (Llama, Qwen2, Qwen3, SmolLM3, Exaone4, Phi3)
 }
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from decodebench.presets import ModelConfig
+from decodebench.presets import LongRopeScaling, ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -58,6 +58,18 @@ class Rotary:
         return x * cos + rotate_half(x, self.half) * sin
 
 
+class PartialRotary(Rotary):
+    """RoPE of the first ``rotary_dim`` dimensions of each head; the rest pass (Phi-3)."""
+
+    def __init__(self, rotary_dim: int) -> None:
+        super().__init__(rotary_dim)
+        self.rotary_dim = rotary_dim
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rotated, passed = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        return torch.cat((super().__call__(rotated, cos, sin), passed), dim=-1)
+
+
 class NoRotary(Rotary):
     """A layer that attends without positions (SmolLM3's NoPE layers)."""
 
@@ -65,17 +77,23 @@ class NoRotary(Rotary):
         return x
 
 
-def rotary_for(rotates: bool, head_dim: int) -> Rotary:
-    return Rotary(head_dim) if rotates else NoRotary(head_dim)
+def rotary_for(rotates: bool, head_dim: int, rotary_dim: int) -> Rotary:
+    if not rotates:
+        return NoRotary(head_dim)
+    return Rotary(head_dim) if rotary_dim == head_dim else PartialRotary(rotary_dim)
 
 
-def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies in fp64, with Llama 3 scaling when the config has it."""
-    dim = config.head_dim
+def inverse_frequencies(config: ModelConfig, long: bool = False) -> torch.Tensor:
+    """RoPE inverse frequencies of the rotated dimensions in fp64, scaled as the config says
+    (Llama 3; LongRoPE's short factors, or its ``long`` ones)."""
+    dim = config.rotary_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
+    if isinstance(scaling, LongRopeScaling):
+        factors = scaling.long_factor if long else scaling.short_factor
+        return inv_freq / torch.tensor(factors, dtype=torch.float64)
     # Llama 3: long wavelengths slowed down by `factor`, short ones kept, a smooth blend between.
     old_context = scaling.original_max_position_embeddings
     wavelength = 2 * math.pi / inv_freq
@@ -92,15 +110,23 @@ def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 
 
 def rope_tables(config: ModelConfig, context: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position, [context, head_dim], computed in fp64.
+    """cos and sin of every position, [context, rotary_dim], computed in fp64.
 
     A table lookup instead of ``position * inv_freq`` in the graph: in fp16 the product loses the
-    low bits of large positions, the table does not.
+    low bits of large positions, the table does not. LongRoPE rotates positions past its original
+    context with its long factors (as transformers does for a token decoded there) and scales
+    cos and sin by its attention factor.
     """
-    inv_freq = inverse_frequencies(config)
-    angles = torch.arange(context, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    positions = torch.arange(context, dtype=torch.float64)[:, None]
+    angles = positions * inverse_frequencies(config)[None, :]
+    scale = 1.0
+    scaling = config.rope_scaling
+    if isinstance(scaling, LongRopeScaling):
+        beyond = positions >= scaling.original_max_position_embeddings
+        angles = torch.where(beyond, positions * inverse_frequencies(config, long=True), angles)
+        scale = scaling.attention_factor
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    return (angles.cos() * scale).float(), (angles.sin() * scale).float()
 
 
 class MLP(nn.Module):
