@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Family = Literal["llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3")
+Family = Literal["llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3", "gemma3"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3", "gemma3")
 
 
 class RopeScaling(BaseModel):
@@ -60,7 +60,7 @@ class ModelConfig(BaseModel):
 
     name: str
     family: Family = Field(
-        description="Architecture family: llama, qwen2, exaone4, qwen3, smollm3 or phi3"
+        description="Architecture family: llama, qwen2, exaone4, qwen3, smollm3, phi3 or gemma3"
     )
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=8)
@@ -75,6 +75,13 @@ class ModelConfig(BaseModel):
     # Phi-3 / Phi-4-mini rotate only the first head_dim * factor dimensions of each head.
     partial_rotary_factor: float = Field(default=1.0, gt=0, le=1)
     rms_norm_eps: float = 1e-5
+    # Gemma 3: which layers attend to a sliding window of keys (the others to all), the window,
+    # the local layers' RoPE base, the query scale's denominator, and the logits' tanh cap.
+    sliding_layers: tuple[int, ...] | None = None
+    sliding_window: int | None = Field(default=None, ge=1)
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = Field(default=None, gt=0)
+    final_logit_softcapping: float | None = Field(default=None, gt=0)
     # SmolLM3: 1 where layer i applies RoPE, 0 where it attends without (Hugging Face's name).
     no_rope_layers: tuple[int, ...] | None = None
     seed: int = 0
@@ -93,6 +100,11 @@ class ModelConfig(BaseModel):
         ):
             raise ValueError(
                 f"longrope factors must number rotary_dim / 2 = {self.rotary_dim // 2}"
+            )
+        if self.sliding_layers is not None and len(self.sliding_layers) < self.num_layers:
+            raise ValueError(
+                f"sliding_layers names {len(self.sliding_layers)} layers, "
+                f"the model has {self.num_layers}"
             )
         if self.no_rope_layers is not None and len(self.no_rope_layers) < self.num_layers:
             raise ValueError(
@@ -118,8 +130,8 @@ class ModelConfig(BaseModel):
 
     @property
     def qk_norm(self) -> bool:
-        """EXAONE 4 and Qwen3 RMS-normalise every query and key head before RoPE."""
-        return self.family in ("exaone4", "qwen3")
+        """EXAONE 4, Qwen3 and Gemma 3 RMS-normalise every query and key head before RoPE."""
+        return self.family in ("exaone4", "qwen3", "gemma3")
 
     @property
     def post_norm(self) -> bool:
@@ -291,8 +303,46 @@ PHI_4_MINI = ModelConfig(
     partial_rotary_factor=0.75,
     rms_norm_eps=1e-5,
 )
+# Five sliding-window layers (window 512, RoPE base 10,000) to one global (base 1,000,000).
+GEMMA_3_1B = ModelConfig(
+    name="gemma-3-1b",
+    family="gemma3",
+    num_layers=26,
+    hidden_size=1152,
+    intermediate_size=6912,
+    vocab_size=262144,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    sliding_layers=tuple(int((index + 1) % 6 != 0) for index in range(26)),
+    sliding_window=512,
+    rope_local_theta=10_000.0,
+    query_pre_attn_scalar=256,
+)
+GEMMA_3_270M = GEMMA_3_1B.model_copy(
+    update={
+        "name": "gemma-3-270m",
+        "num_layers": 18,
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "sliding_layers": tuple(int((index + 1) % 6 != 0) for index in range(18)),
+    }
+)
 PRESETS.update(
-    {preset.name: preset for preset in (QWEN_3_0_6B, QWEN_3_1_7B, SMOLLM3_3B, PHI_4_MINI)}
+    {
+        preset.name: preset
+        for preset in (
+            QWEN_3_0_6B,
+            QWEN_3_1_7B,
+            SMOLLM3_3B,
+            PHI_4_MINI,
+            GEMMA_3_270M,
+            GEMMA_3_1B,
+        )
+    }
 )
 
 

@@ -46,11 +46,16 @@ def tiny_checkpoint(
     fields: dict[str, Any],
     seed: int,
     norm_weight: Callable[[float], float] = lambda value: value,
+    embed_scale: float = 1.0,
+    output_norm_gain: float | None = None,
 ) -> Path:
     """Save a seeded random checkpoint of a transformers class, with massive channels.
 
     ``norm_weight`` maps the wanted effective norm gain to the stored weight (Gemma stores
-    ``gain - 1``).
+    ``gain - 1``); ``embed_scale`` is what the model multiplies embeddings by (Gemma:
+    sqrt(hidden)), so the residual stream holds the same values in every family.
+    ``output_norm_gain`` is the gain of norms named ``post_*`` where they normalise a sub-block's
+    output (Gemma): large enough that the layers, not the token's own embedding, decide.
     """
     config = getattr(transformers, config_class)(**fields, pad_token_id=0, eos_token_id=None)
     torch.manual_seed(seed)
@@ -61,14 +66,17 @@ def tiny_checkpoint(
         embed = model.get_input_embeddings().weight
         # Ordinary channels of a visible size next to the massive ones, so the tokens still
         # differ after the norms divide by the massive RMS.
-        embed.normal_(0.0, EMBED_STD, generator=generator)
+        embed.normal_(0.0, EMBED_STD / embed_scale, generator=generator)
         for channel, sign in zip(MASSIVE_CHANNELS, MASSIVE_SIGNS, strict=True):
             values = torch.empty(embed.shape[0]).uniform_(300.0, 500.0, generator=generator)
-            embed[:, channel] = sign * values
+            embed[:, channel] = sign * values / embed_scale
         for name, parameter in model.named_parameters():
             if parameter.dim() == 1 and "norm" in name and parameter.shape[0] == hidden:
                 final = name == "model.norm.weight"
-                parameter.fill_(norm_weight(1.0 if final else LAYER_NORM_GAIN))
+                gain = 1.0 if final else LAYER_NORM_GAIN
+                if output_norm_gain is not None and ".post_" in name:
+                    gain = output_norm_gain
+                parameter.fill_(norm_weight(gain))
                 for channel in MASSIVE_CHANNELS:
                     parameter[channel] = norm_weight(1e-3 if final else 0.05)
     model.save_pretrained(folder)
@@ -76,7 +84,9 @@ def tiny_checkpoint(
 
 
 def reference_logits(folder: Path, tokens: list[int]) -> torch.Tensor:
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
     with torch.no_grad():
         return model.eval()(torch.tensor([tokens])).logits[0]
 
@@ -147,6 +157,7 @@ def test_massive_channels_overflow_fp16_squares(tmp_path: Path) -> None:
     squares = embed.pow(2).sum(-1)
     assert float(squares.min()) > torch.finfo(torch.float16).max
     assert float(embed[:, list(MASSIVE_CHANNELS)].abs().min()) >= 300
+    assert float(embed[:, list(MASSIVE_CHANNELS)].abs().max()) <= 500
 
 
 def test_config_properties_agree_with_the_family_strategies() -> None:
@@ -170,6 +181,8 @@ def test_config_properties_agree_with_the_family_strategies() -> None:
         ("qwen3-1.7b", 1.7, 1.4),
         ("smollm3-3b", 3.1, 2.8),
         ("phi-4-mini", 3.8, 3.2),  # "3.8B parameters"
+        ("gemma-3-270m", 0.3, 0.10),  # "170M embedding, 100M transformer parameters"
+        ("gemma-3-1b", 1.0, 0.7),
     ],
 )
 def test_presets_have_the_published_sizes(name: str, total: float, non_embedding: float) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from decodebench.modeling.families import FAMILIES, family_for
+from decodebench.modeling.hf_fields import ConfigError, family_fields
 from decodebench.presets import LongRopeScaling, ModelConfig, RopeScaling
 
 ARCHITECTURES = {family.architecture: family.name for family in FAMILIES.values()}
@@ -75,6 +76,9 @@ def _rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if isinstance(config.get("rope_parameters"), dict):
         parameters = {**parameters, **config["rope_parameters"]}
         key = "rope_parameters"
+        if isinstance(parameters.get("full_attention"), dict):  # per layer type (Gemma 3)
+            parameters = dict(parameters["full_attention"])
+            key = "rope_parameters.full_attention"
     return parameters, key
 
 
@@ -141,7 +145,8 @@ def _longrope(config: dict[str, Any], parameters: dict[str, Any], key: str) -> L
 def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
     """The :class:`ModelConfig` of a Hugging Face ``config.json`` (refusing what we can't build)."""
     family = _family(config)
-    _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
+    if family != "gemma3":
+        _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
     _refuse(config, "mlp_bias", False, "MLP projections have no bias")
     if family in ("llama", "qwen3", "smollm3", "phi3"):
         _refuse(config, "attention_bias", False, f"{family} projections have no bias")
@@ -155,8 +160,10 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             raise WeightsError(
                 "config.json: sliding_window is not supported (hybrid local/global attention)"
             )
-    if family == "phi3":
-        _refuse_sliding_window(config)
+    try:
+        extra = family_fields(config, family)
+    except ConfigError as error:
+        raise WeightsError(f"config.json: {error}") from None
     heads = int(_require(config, "num_attention_heads"))
     hidden = int(_require(config, "hidden_size"))
     theta, scaling = _rope(config)
@@ -175,36 +182,11 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            no_rope_layers=_no_rope_layers(config, family),
+            **extra,
             partial_rotary_factor=_partial_rotary_factor(config, family),
         )
     except ValueError as error:
         raise WeightsError(f"config.json: {error}") from None
-
-
-def _refuse_sliding_window(config: dict[str, Any]) -> None:
-    """Phi-3 sets ``sliding_window``; one at least the model's positions never drops a key."""
-    window = config.get("sliding_window")
-    positions = int(config.get("max_position_embeddings") or 0)
-    if window is not None and int(window) < positions:
-        raise WeightsError(
-            f"config.json: sliding_window={window} is not supported "
-            f"(narrower than max_position_embeddings {positions})"
-        )
-
-
-def _no_rope_layers(config: dict[str, Any], family: str) -> tuple[int, ...] | None:
-    """SmolLM3's layers without RoPE: listed, or every ``no_rope_layer_interval``-th layer."""
-    if family != "smollm3":
-        return None
-    layers = int(_require(config, "num_hidden_layers"))
-    listed = config.get("no_rope_layers")
-    if listed is None:
-        interval = int(config.get("no_rope_layer_interval", 4))
-        return tuple(int((index + 1) % interval != 0) for index in range(layers))
-    if len(listed) != layers or any(flag not in (0, 1) for flag in listed):
-        raise WeightsError(f"config.json: no_rope_layers must hold {layers} flags of 0 or 1")
-    return tuple(int(flag) for flag in listed)
 
 
 def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> dict[str, Any]:

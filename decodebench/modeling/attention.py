@@ -36,7 +36,7 @@ class GroupedQueryAttention(nn.Module):
         self.kv_heads = config.num_key_value_heads
         self.group_size = config.group_size
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         hidden, head_dim = config.hidden_size, config.head_dim
         bias = family.attention_bias
         self.q_proj = nn.Linear(hidden, self.query_heads * head_dim, bias=bias)
@@ -112,9 +112,13 @@ class GroupedQueryAttention(nn.Module):
         """softmax(rows keys^T * scale + mask) values, for rows and K/V already laid out."""
         # Every op between the two matmuls works row by row over the key axis, which is what
         # makes the query fold exact.
-        scores = torch.matmul(rows, keys.transpose(-1, -2)) * self.scale + causal_mask
+        scores = self.scores(rows, keys) + causal_mask
         probabilities = functional.softmax(scores.float(), dim=-1).to(rows.dtype)
         return torch.matmul(probabilities, values)
+
+    def scores(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """rows keys^T * scale (both KV modes score through here)."""
+        return torch.matmul(rows, keys.transpose(-1, -2)) * self.scale
 
     def _in_layout(
         self,

@@ -56,7 +56,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.family = family_for(config)
         self.self_attn = GroupedQueryAttention(config, attention, kv, query_length, index)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, self.family.activation)
         self.family.add_norms(self, config)
 
     def forward(
@@ -132,9 +132,15 @@ class DecodeStepModel(nn.Module):
             self._initialize_weights()
         else:
             self._assign_weights(weights)
+        self.family = family_for(config)
+        self.sliding = [self.family.sliding(config, index) for index in range(config.num_layers)]
         cos, sin = rope_tables(config, context)
         self.register_buffer("rope_cos", cos.to(dtype), persistent=False)
         self.register_buffer("rope_sin", sin.to(dtype), persistent=False)
+        if any(self.sliding):
+            cos, sin = rope_tables(config, context, self.family.rope_theta(config, sliding=True))
+            self.register_buffer("rope_cos_local", cos.to(dtype), persistent=False)
+            self.register_buffer("rope_sin_local", sin.to(dtype), persistent=False)
         self._register_constants()
         self.kv_mode.register_caches(self)
 
@@ -235,6 +241,9 @@ class DecodeStepModel(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         rotary_dim, length = self.config.rotary_dim, self.query_length
         hidden = self.model.embed_tokens(input_ids)
+        embed_scale = self.family.embed_scale(self.config)
+        if embed_scale is not None:
+            hidden = hidden * embed_scale  # in the compute dtype, as the reference does
         if length == 1:
             causal, caches = rest[0].to(hidden.dtype), rest[1:]
             positions = position
@@ -242,14 +251,23 @@ class DecodeStepModel(nn.Module):
             caches = rest
             positions = position + self.token_offsets
             causal = self._prefill_mask(position)
-        cos = torch.index_select(self.rope_cos, 0, positions).view(1, 1, length, rotary_dim)
-        sin = torch.index_select(self.rope_sin, 0, positions).view(1, 1, length, rotary_dim)
+        shape = (1, 1, length, rotary_dim)
+        cos = torch.index_select(self.rope_cos, 0, positions).view(shape)
+        sin = torch.index_select(self.rope_sin, 0, positions).view(shape)
+        local = (cos, sin, causal)
+        if any(self.sliding):
+            local = (
+                torch.index_select(self.rope_cos_local, 0, positions).view(shape),
+                torch.index_select(self.rope_sin_local, 0, positions).view(shape),
+                causal + self._window_mask(position),
+            )
         new_mask = self.kv_mode.new_token_mask(self)
         new_kv: list[torch.Tensor] = []
         for index, layer in enumerate(self.model.layers):
             key_cache, value_cache = self.kv_mode.layer_caches(self, index, caches)
+            layer_cos, layer_sin, mask = local if self.sliding[index] else (cos, sin, causal)
             hidden, key, value = layer(
-                hidden, cos, sin, causal, position, key_cache, value_cache, new_mask
+                hidden, layer_cos, layer_sin, mask, position, key_cache, value_cache, new_mask
             )
             new_kv += [key, value]
         hidden = self.model.norm(hidden)
@@ -258,7 +276,19 @@ class DecodeStepModel(nn.Module):
         )
         # Tied: reuse the embedding parameter itself so the converted graph holds one copy.
         logits = functional.linear(hidden, lm_head_weight)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         return self.kv_mode.result(logits, new_kv)
+
+    def _window_mask(self, position: torch.Tensor) -> torch.Tensor:
+        """[1, 1, rows, context]: -inf on keys a sliding layer no longer sees (``window`` keys
+        back from each query row, its own included), built in the graph from ``position``."""
+        window = self.config.sliding_window or self.context
+        row_positions = position + self.row_offsets
+        far = self.key_positions[None, :] <= row_positions[:, None] - window
+        mask = torch.zeros((self.query_rows, self.context), dtype=self.dtype)
+        return mask.masked_fill(far, MASKED)[None, None]
 
     def _prefill_mask(self, position: torch.Tensor) -> torch.Tensor:
         """[1, 1, rows, context]: the cache slots each query row may see, from ``position``."""

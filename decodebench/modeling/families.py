@@ -35,6 +35,20 @@ class DecoderFamily:
     qk_norm: ClassVar[bool] = False
     # The layer's norms, in Hugging Face's names.
     norms: ClassVar[tuple[str, ...]] = ("input_layernorm", "post_attention_layernorm")
+    # The gated MLP's activation: "silu" or "gelu_tanh".
+    activation: ClassVar[str] = "silu"
+
+    def embed_scale(self, config: ModelConfig) -> float | None:
+        """What the embeddings are multiplied by, in the compute dtype (none: not at all)."""
+        return None
+
+    def sliding(self, config: ModelConfig, index: int) -> bool:
+        """Whether layer ``index`` attends to the last ``sliding_window`` keys only."""
+        return False
+
+    def rope_theta(self, config: ModelConfig, sliding: bool) -> float:
+        """The RoPE base of a global or a sliding layer."""
+        return config.rope_theta
 
     def add_norms(self, layer: nn.Module, config: ModelConfig) -> None:
         from decodebench.modeling.layers import RMSNorm
@@ -154,6 +168,53 @@ class Exaone4(DecoderFamily):
         return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden)), key, value
 
 
+class Gemma3(DecoderFamily):
+    """Gemma 3 text: q/k norms, four norms per layer (each sub-block's input and output), RMSNorm
+    gains stored as ``w`` for ``1 + w``, embeddings times sqrt(hidden), GELU-tanh, and local
+    layers with a sliding window and their own RoPE base between global ones.
+
+    ``1 + w`` is added when a checkpoint is loaded, so the decoder's norm is the same module.
+    """
+
+    name = "gemma3"
+    architecture = "Gemma3ForCausalLM"
+    qk_norm = True
+    norms = (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    )
+    activation = "gelu_tanh"
+
+    def embed_scale(self, config: ModelConfig) -> float | None:
+        return float(config.hidden_size**0.5)
+
+    def sliding(self, config: ModelConfig, index: int) -> bool:
+        layers = config.sliding_layers
+        return layers is not None and bool(layers[index])
+
+    def rope_theta(self, config: ModelConfig, sliding: bool) -> float:
+        if sliding and config.rope_local_theta is not None:
+            return config.rope_local_theta
+        return config.rope_theta
+
+    def layer_forward(
+        self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
+    ) -> LayerOutput:
+        attended, key, value = layer.self_attn(layer.input_layernorm(hidden), *attention_args)
+        hidden = hidden + layer.post_attention_layernorm(attended)
+        out = layer.mlp(layer.pre_feedforward_layernorm(hidden))
+        return hidden + layer.post_feedforward_layernorm(out), key, value
+
+    def decoder_tensors(self, config: ModelConfig, tensors: dict[str, Any]) -> dict[str, Any]:
+        # In fp32, then back: the stored gain is rounded once, like every weight.
+        return {
+            name: (tensor.float() + 1).to(tensor.dtype) if name.endswith("norm.weight") else tensor
+            for name, tensor in tensors.items()
+        }
+
+
 class Phi3(DecoderFamily):
     """Llama with fused ``qkv_proj`` and ``gate_up_proj`` (gate first), partial rotary and
     LongRoPE (both in the config's RoPE tables).
@@ -206,7 +267,7 @@ class Phi3(DecoderFamily):
 
 
 FAMILIES: dict[str, DecoderFamily] = {
-    family.name: family() for family in (Llama, Qwen2, Qwen3, SmolLM3, Exaone4, Phi3)
+    family.name: family() for family in (Llama, Qwen2, Qwen3, SmolLM3, Exaone4, Phi3, Gemma3)
 }
 
 

@@ -83,13 +83,17 @@ def rotary_for(rotates: bool, head_dim: int, rotary_dim: int) -> Rotary:
     return Rotary(head_dim) if rotary_dim == head_dim else PartialRotary(rotary_dim)
 
 
-def inverse_frequencies(config: ModelConfig, long: bool = False) -> torch.Tensor:
+def inverse_frequencies(
+    config: ModelConfig, long: bool = False, theta: float | None = None
+) -> torch.Tensor:
     """RoPE inverse frequencies of the rotated dimensions in fp64, scaled as the config says
-    (Llama 3; LongRoPE's short factors, or its ``long`` ones)."""
+    (Llama 3; LongRoPE's short factors, or its ``long`` ones). ``theta`` names another base
+    (Gemma 3's local layers), which is never scaled."""
     dim = config.rotary_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    base = config.rope_theta if theta is None else theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = config.rope_scaling
-    if scaling is None:
+    if scaling is None or theta is not None:
         return inv_freq
     if isinstance(scaling, LongRopeScaling):
         factors = scaling.long_factor if long else scaling.short_factor
@@ -109,7 +113,9 @@ def inverse_frequencies(config: ModelConfig, long: bool = False) -> torch.Tensor
     return torch.where(medium, blended, scaled)
 
 
-def rope_tables(config: ModelConfig, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    config: ModelConfig, context: int, theta: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of every position, [context, rotary_dim], computed in fp64.
 
     A table lookup instead of ``position * inv_freq`` in the graph: in fp16 the product loses the
@@ -118,10 +124,10 @@ def rope_tables(config: ModelConfig, context: int) -> tuple[torch.Tensor, torch.
     cos and sin by its attention factor.
     """
     positions = torch.arange(context, dtype=torch.float64)[:, None]
-    angles = positions * inverse_frequencies(config)[None, :]
+    angles = positions * inverse_frequencies(config, theta=theta)[None, :]
     scale = 1.0
     scaling = config.rope_scaling
-    if isinstance(scaling, LongRopeScaling):
+    if isinstance(scaling, LongRopeScaling) and theta is None:
         beyond = positions >= scaling.original_max_position_embeddings
         angles = torch.where(beyond, positions * inverse_frequencies(config, long=True), angles)
         scale = scaling.attention_factor
@@ -129,12 +135,19 @@ def rope_tables(config: ModelConfig, context: int) -> tuple[torch.Tensor, torch.
     return (angles.cos() * scale).float(), (angles.sin() * scale).float()
 
 
+ACTIVATIONS = {
+    "silu": functional.silu,
+    "gelu_tanh": lambda x: functional.gelu(x, approximate="tanh"),
+}
+
+
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, activation: str = "silu") -> None:
         super().__init__()
+        self.activation = ACTIVATIONS[activation]
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(functional.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
+        return self.down_proj(self.activation(self.gate_proj(hidden)) * self.up_proj(hidden))
