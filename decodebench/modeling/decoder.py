@@ -59,6 +59,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, self.family.activation)
         self.family.add_norms(self, config)
 
+    def norm(self, name: str) -> nn.Module:
+        """One of the norms the family gave this layer, by its Hugging Face name."""
+        return self.get_submodule(name)
+
     def forward(
         self, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,6 +94,8 @@ class DecodeStepModel(nn.Module):
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    rope_cos_local: torch.Tensor
+    rope_sin_local: torch.Tensor
     row_offsets: torch.Tensor
     token_offsets: torch.Tensor
     key_positions: torch.Tensor

@@ -59,9 +59,11 @@ class DecoderFamily:
     def layer_forward(
         self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> LayerOutput:
-        attended, key, value = layer.self_attn(layer.input_layernorm(hidden), *attention_args)
+        attended, key, value = layer.self_attn(
+            layer.norm("input_layernorm")(hidden), *attention_args
+        )
         hidden = hidden + attended
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden)), key, value
+        return hidden + layer.mlp(layer.norm("post_attention_layernorm")(hidden)), key, value
 
     def rotary(self, config: ModelConfig, index: int) -> bool:
         """Whether layer ``index`` applies RoPE to its queries and keys."""
@@ -164,8 +166,8 @@ class Exaone4(DecoderFamily):
         self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> LayerOutput:
         attended, key, value = layer.self_attn(hidden, *attention_args)
-        hidden = hidden + layer.post_attention_layernorm(attended)
-        return hidden + layer.post_feedforward_layernorm(layer.mlp(hidden)), key, value
+        hidden = hidden + layer.norm("post_attention_layernorm")(attended)
+        return hidden + layer.norm("post_feedforward_layernorm")(layer.mlp(hidden)), key, value
 
 
 class Gemma3(DecoderFamily):
@@ -202,10 +204,12 @@ class Gemma3(DecoderFamily):
     def layer_forward(
         self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> LayerOutput:
-        attended, key, value = layer.self_attn(layer.input_layernorm(hidden), *attention_args)
-        hidden = hidden + layer.post_attention_layernorm(attended)
-        out = layer.mlp(layer.pre_feedforward_layernorm(hidden))
-        return hidden + layer.post_feedforward_layernorm(out), key, value
+        attended, key, value = layer.self_attn(
+            layer.norm("input_layernorm")(hidden), *attention_args
+        )
+        hidden = hidden + layer.norm("post_attention_layernorm")(attended)
+        out = layer.mlp(layer.norm("pre_feedforward_layernorm")(hidden))
+        return hidden + layer.norm("post_feedforward_layernorm")(out), key, value
 
     def decoder_tensors(self, config: ModelConfig, tensors: dict[str, Any]) -> dict[str, Any]:
         # In fp32, then back: the stored gain is rounded once, like every weight.
