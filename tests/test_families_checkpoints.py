@@ -98,17 +98,22 @@ def margins(logits: torch.Tensor) -> torch.Tensor:
 
 
 def check_pytorch_decoder(folder: Path, prompt: list[int], steps: int, context: int) -> None:
-    """Our decoder (fp32, both layouts) gives transformers' logits along its greedy path."""
+    """Our decoder (fp32, both layouts, both KV modes, prefill chunks then decode) gives
+    transformers' logits along its greedy path."""
     from decodebench.modeling import build_model, greedy_decode
 
     config, tensors = load_checkpoint(folder, dtype=torch.float32)
+    expected = None
     for attention in Attention:
-        model = build_model(config, context, attention, weights=tensors)
-        tokens, logits = greedy_decode(model, prompt, steps)
-        expected = reference_logits(folder, prompt + tokens[:-1])
-        # fp32 rounding of logits in the hundreds: tolerance relative to their scale.
-        scale = float(expected.abs().max())
-        torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-4, atol=1e-4 * scale)
+        for kv in KVCache:
+            model = build_model(config, context, attention, kv=kv, weights=tensors)
+            # Prefill chunks of 3 in front of decode: the in-graph masks of a chunk's rows too.
+            tokens, logits = greedy_decode(model, prompt, steps, prefill=model.sibling(3))
+            if expected is None:
+                expected = reference_logits(folder, prompt + tokens[:-1])
+            # fp32 rounding of logits in the hundreds: tolerance relative to their scale.
+            scale = float(expected.abs().max())
+            torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-4, atol=1e-4 * scale)
 
 
 def check_packages(
