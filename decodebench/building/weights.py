@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from decodebench.contracts.presets import ModelConfig, RopeScaling
+from decodebench.contracts.presets import LongRopeScaling, ModelConfig, RopeScaling
+from decodebench.modeling.families import FAMILIES, family_for
+from decodebench.modeling.hf_fields import ConfigError, family_fields
 
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Exaone4ForCausalLM": "exaone4",
-}
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "exaone4": "exaone4"}
+ARCHITECTURES = {family.architecture: family.name for family in FAMILIES.values()}
+MODEL_TYPES = {family.name: family.name for family in FAMILIES.values()}
 _HASH_CHUNK = 16 * 2**20
 
 
@@ -70,22 +69,39 @@ def _refuse(config: dict[str, Any], key: str, supported: object, why: str) -> No
         raise WeightsError(f"config.json: {key}={value!r} is not supported ({why})")
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+def _rope_parameters(config: dict[str, Any]) -> tuple[dict[str, Any], str]:
     # transformers 5 writes `rope_parameters`; older checkpoints `rope_theta` + `rope_scaling`.
     parameters = dict(config.get("rope_scaling") or {})
     key = "rope_scaling"
     if isinstance(config.get("rope_parameters"), dict):
         parameters = {**parameters, **config["rope_parameters"]}
         key = "rope_parameters"
+        if isinstance(parameters.get("full_attention"), dict):  # per layer type (Gemma 3)
+            parameters = dict(parameters["full_attention"])
+            key = "rope_parameters.full_attention"
+    return parameters, key
+
+
+def _partial_rotary_factor(config: dict[str, Any], family: str) -> float:
+    parameters, key = _rope_parameters(config)
+    factor = float(parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1)))
+    if factor != 1.0 and family != "phi3":
+        raise WeightsError(f"config.json: {key}.partial_rotary_factor is not supported")
+    return factor
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | LongRopeScaling | None]:
+    parameters, key = _rope_parameters(config)
     theta = float(parameters.get("rope_theta", config.get("rope_theta", 10_000.0)))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-    if parameters.get("partial_rotary_factor", 1.0) != 1.0:
-        raise WeightsError(f"config.json: {key}.partial_rotary_factor is not supported")
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        return theta, _longrope(config, parameters, key)
     if rope_type != "llama3":
         raise WeightsError(
-            f"config.json: {key}.rope_type={rope_type!r} is not supported (default, llama3)"
+            f"config.json: {key}.rope_type={rope_type!r} is not supported "
+            "(default, llama3, longrope)"
         )
     try:
         scaling = RopeScaling(
@@ -99,14 +115,42 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     return theta, scaling
 
 
+def _longrope(config: dict[str, Any], parameters: dict[str, Any], key: str) -> LongRopeScaling:
+    """transformers' reading: the attention factor defaults to sqrt(1 + ln s / ln original),
+    s the context growth (``factor``, or max over original position embeddings)."""
+    original = parameters.get(
+        "original_max_position_embeddings", config.get("original_max_position_embeddings")
+    )
+    if original is None:
+        raise WeightsError(f"config.json: {key}.original_max_position_embeddings is missing")
+    factor = parameters.get("factor")
+    if factor is None:
+        factor = int(_require(config, "max_position_embeddings")) / int(original)
+    attention_factor = parameters.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(int(original)))
+        )
+    try:
+        return LongRopeScaling(
+            short_factor=tuple(parameters["short_factor"]),
+            long_factor=tuple(parameters["long_factor"]),
+            original_max_position_embeddings=int(original),
+            attention_factor=float(attention_factor),
+        )
+    except KeyError as missing:
+        raise WeightsError(f"config.json: {key}.{missing.args[0]} is missing") from None
+
+
 def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
     """The :class:`ModelConfig` of a Hugging Face ``config.json`` (refusing what we can't build)."""
     family = _family(config)
-    _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
+    if family != "gemma3":
+        _refuse(config, "hidden_act", "silu", "the decoder's MLP is SiLU-gated")
     _refuse(config, "mlp_bias", False, "MLP projections have no bias")
-    if family == "llama":
-        _refuse(config, "attention_bias", False, "Llama projections have no bias")
-    if family == "qwen2":
+    if family in ("llama", "qwen3", "smollm3", "phi3"):
+        _refuse(config, "attention_bias", False, f"{family} projections have no bias")
+    if family in ("qwen2", "qwen3", "smollm3"):
         _refuse(config, "use_sliding_window", False, "sliding-window attention")
     if family == "exaone4":
         layer_types = config.get("layer_types") or []
@@ -116,6 +160,10 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             raise WeightsError(
                 "config.json: sliding_window is not supported (hybrid local/global attention)"
             )
+    try:
+        extra = family_fields(config, family)
+    except ConfigError as error:
+        raise WeightsError(f"config.json: {error}") from None
     heads = int(_require(config, "num_attention_heads"))
     hidden = int(_require(config, "hidden_size"))
     theta, scaling = _rope(config)
@@ -134,6 +182,8 @@ def model_config_from_hf(config: dict[str, Any], name: str) -> ModelConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            **extra,
+            partial_rotary_factor=_partial_rotary_factor(config, family),
         )
     except ValueError as error:
         raise WeightsError(f"config.json: {error}") from None
@@ -165,8 +215,14 @@ def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> 
         # transformers 5.24 derives layer_types by dividing by the window pattern: pass them.
         result["sliding_window"] = None
         result["layer_types"] = ["full_attention"] * config.num_layers
-    if config.family == "qwen2":
+    if config.family in ("qwen2", "qwen3", "smollm3"):
         result["use_sliding_window"] = False
+    if config.family in ("qwen3", "smollm3"):
+        result["attention_bias"] = False
+    if config.no_rope_layers is not None:
+        result["no_rope_layers"] = list(config.no_rope_layers)
+    if config.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = config.partial_rotary_factor
     return result
 
 
@@ -179,38 +235,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name the decoder needs, with its shape (Hugging Face names)."""
-    hidden, head_dim = config.hidden_size, config.head_dim
-    q_size = config.num_attention_heads * head_dim
-    kv_size = config.num_key_value_heads * head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    for index in range(config.num_layers):
-        prefix = f"model.layers.{index}."
-        shapes[prefix + "self_attn.q_proj.weight"] = (q_size, hidden)
-        shapes[prefix + "self_attn.k_proj.weight"] = (kv_size, hidden)
-        shapes[prefix + "self_attn.v_proj.weight"] = (kv_size, hidden)
-        shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_size)
-        if config.qkv_bias:
-            shapes[prefix + "self_attn.q_proj.bias"] = (q_size,)
-            shapes[prefix + "self_attn.k_proj.bias"] = (kv_size,)
-            shapes[prefix + "self_attn.v_proj.bias"] = (kv_size,)
-        if config.qk_norm:
-            shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
-            shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
-        shapes[prefix + "mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
-        shapes[prefix + "mlp.up_proj.weight"] = (config.intermediate_size, hidden)
-        shapes[prefix + "mlp.down_proj.weight"] = (hidden, config.intermediate_size)
-        if config.post_norm:
-            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-            shapes[prefix + "post_feedforward_layernorm.weight"] = (hidden,)
-        else:
-            shapes[prefix + "input_layernorm.weight"] = (hidden,)
-            shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-    return shapes
+    return family_for(config).shapes(config)
 
 
 # Tensors a checkpoint may carry that the decoder does not use.
@@ -258,7 +283,7 @@ def load_checkpoint(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise WeightsError(f"{folder}: tensor {missing[0]} is missing{more}")
-    return config, tensors
+    return config, family_for(config).decoder_tensors(config, tensors)
 
 
 def _beyond_layers(name: str, num_layers: int, layers: int | None) -> bool:

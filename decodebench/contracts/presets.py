@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Family = Literal["llama", "qwen2", "exaone4"]
+Family = Literal["llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3", "gemma3"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "exaone4", "qwen3", "smollm3", "phi3", "gemma3")
 
 
 class RopeScaling(BaseModel):
@@ -33,13 +34,34 @@ class RopeScaling(BaseModel):
         return self
 
 
+class LongRopeScaling(BaseModel):
+    """Phi-3's LongRoPE: per-frequency divisors, short up to the original context, long beyond,
+    and cos/sin multiplied by ``attention_factor`` (``rope_type: longrope``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rope_type: Literal["longrope"] = "longrope"
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int = Field(ge=1)
+    attention_factor: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> LongRopeScaling:
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError("short_factor and long_factor must have the same length")
+        return self
+
+
 class ModelConfig(BaseModel):
     """The shape of a Llama-family decoder with grouped-query attention."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    family: Family = Field(description="Architecture family: llama, qwen2 or exaone4")
+    family: Family = Field(
+        description="Architecture family: llama, qwen2, exaone4, qwen3, smollm3, phi3 or gemma3"
+    )
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=8)
     intermediate_size: int = Field(ge=8)
@@ -49,8 +71,19 @@ class ModelConfig(BaseModel):
     head_dim: int = Field(ge=2)
     tie_word_embeddings: bool = True
     rope_theta: float = 1_000_000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | LongRopeScaling | None = None
+    # Phi-3 / Phi-4-mini rotate only the first head_dim * factor dimensions of each head.
+    partial_rotary_factor: float = Field(default=1.0, gt=0, le=1)
     rms_norm_eps: float = 1e-5
+    # Gemma 3: which layers attend to a sliding window of keys (the others to all), the window,
+    # the local layers' RoPE base, the query scale's denominator, and the logits' tanh cap.
+    sliding_layers: tuple[int, ...] | None = None
+    sliding_window: int | None = Field(default=None, ge=1)
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = Field(default=None, gt=0)
+    final_logit_softcapping: float | None = Field(default=None, gt=0)
+    # SmolLM3: 1 where layer i applies RoPE, 0 where it attends without (Hugging Face's name).
+    no_rope_layers: tuple[int, ...] | None = None
     seed: int = 0
 
     @model_validator(mode="after")
@@ -60,9 +93,30 @@ class ModelConfig(BaseModel):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.head_dim % 2:
-            raise ValueError("head_dim must be even (RoPE rotates pairs)")
+        if self.head_dim % 2 or self.rotary_dim % 2:
+            raise ValueError("head_dim and its rotated part must be even (RoPE rotates pairs)")
+        if isinstance(self.rope_scaling, LongRopeScaling) and (
+            len(self.rope_scaling.short_factor) != self.rotary_dim // 2
+        ):
+            raise ValueError(
+                f"longrope factors must number rotary_dim / 2 = {self.rotary_dim // 2}"
+            )
+        if self.sliding_layers is not None and len(self.sliding_layers) < self.num_layers:
+            raise ValueError(
+                f"sliding_layers names {len(self.sliding_layers)} layers, "
+                f"the model has {self.num_layers}"
+            )
+        if self.no_rope_layers is not None and len(self.no_rope_layers) < self.num_layers:
+            raise ValueError(
+                f"no_rope_layers names {len(self.no_rope_layers)} layers, "
+                f"the model has {self.num_layers}"
+            )
         return self
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many dimensions of each head RoPE rotates (all but with a partial factor)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def group_size(self) -> int:
@@ -76,8 +130,8 @@ class ModelConfig(BaseModel):
 
     @property
     def qk_norm(self) -> bool:
-        """EXAONE 4 RMS-normalises every query and key head before RoPE."""
-        return self.family == "exaone4"
+        """EXAONE 4, Qwen3 and Gemma 3 RMS-normalise every query and key head before RoPE."""
+        return self.family in ("exaone4", "qwen3", "gemma3")
 
     @property
     def post_norm(self) -> bool:
@@ -195,6 +249,101 @@ PRESETS: dict[str, ModelConfig] = {
         TINY_QWEN,
     )
 }
+
+
+# --- The families people ship on phones: published shapes (config.json figures, cited in
+# docs/model-families.md), for analysis and predictions without weights. ---
+QWEN_3_0_6B = ModelConfig(
+    name="qwen3-0.6b",
+    family="qwen3",
+    num_layers=28,
+    hidden_size=1024,
+    intermediate_size=3072,
+    vocab_size=151936,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,  # not hidden / heads (64): Qwen3 sets it apart
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
+QWEN_3_1_7B = QWEN_3_0_6B.model_copy(
+    update={"name": "qwen3-1.7b", "hidden_size": 2048, "intermediate_size": 6144}
+)
+SMOLLM3_3B = ModelConfig(
+    name="smollm3-3b",
+    family="smollm3",
+    num_layers=36,
+    hidden_size=2048,
+    intermediate_size=11008,
+    vocab_size=128256,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    tie_word_embeddings=True,
+    rope_theta=5_000_000.0,
+    rms_norm_eps=1e-6,
+    # Every fourth layer attends without RoPE (no_rope_layer_interval 4).
+    no_rope_layers=tuple(int((index + 1) % 4 != 0) for index in range(36)),
+)
+PHI_4_MINI = ModelConfig(
+    name="phi-4-mini",
+    family="phi3",
+    num_layers=32,
+    hidden_size=3072,
+    intermediate_size=8192,
+    vocab_size=200064,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    rope_theta=10_000.0,
+    # 96 of 128 dimensions rotate. Its LongRoPE factors change the values of the cos/sin tables,
+    # not their shapes or the bytes a token reads, so the preset leaves them out.
+    partial_rotary_factor=0.75,
+    rms_norm_eps=1e-5,
+)
+# Five sliding-window layers (window 512, RoPE base 10,000) to one global (base 1,000,000).
+GEMMA_3_1B = ModelConfig(
+    name="gemma-3-1b",
+    family="gemma3",
+    num_layers=26,
+    hidden_size=1152,
+    intermediate_size=6912,
+    vocab_size=262144,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    sliding_layers=tuple(int((index + 1) % 6 != 0) for index in range(26)),
+    sliding_window=512,
+    rope_local_theta=10_000.0,
+    query_pre_attn_scalar=256,
+)
+GEMMA_3_270M = GEMMA_3_1B.model_copy(
+    update={
+        "name": "gemma-3-270m",
+        "num_layers": 18,
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "sliding_layers": tuple(int((index + 1) % 6 != 0) for index in range(18)),
+    }
+)
+PRESETS.update(
+    {
+        preset.name: preset
+        for preset in (
+            QWEN_3_0_6B,
+            QWEN_3_1_7B,
+            SMOLLM3_3B,
+            PHI_4_MINI,
+            GEMMA_3_270M,
+            GEMMA_3_1B,
+        )
+    }
+)
 
 
 # Real checkpoints a sweep can name like a preset: their shape is known here (so a spec is

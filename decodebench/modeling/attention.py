@@ -8,8 +8,9 @@ from torch.nn import functional
 
 from decodebench.contracts.domain import Attention, KVCache
 from decodebench.contracts.presets import ModelConfig
+from decodebench.modeling.families import family_for
 from decodebench.modeling.kv_modes import kv_mode
-from decodebench.modeling.layers import RMSNorm, rotate_half
+from decodebench.modeling.layers import RMSNorm, Rotary, rotary_for
 from decodebench.modeling.layouts import AttentionLayout, layout_for
 
 
@@ -20,8 +21,10 @@ class GroupedQueryAttention(nn.Module):
         attention: Attention,
         kv: KVCache = KVCache.state,
         query_length: int = 1,
+        index: int = 0,
     ) -> None:
         super().__init__()
+        family = family_for(config)
         self.config = config
         self.attention = Attention(attention)
         self.kv = KVCache(kv)
@@ -33,13 +36,15 @@ class GroupedQueryAttention(nn.Module):
         self.kv_heads = config.num_key_value_heads
         self.group_size = config.group_size
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         hidden, head_dim = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, self.query_heads * head_dim, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=config.qkv_bias)
+        bias = family.attention_bias
+        self.q_proj = nn.Linear(hidden, self.query_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(self.query_heads * head_dim, hidden, bias=False)
-        self.qk_norm = config.qk_norm
+        self.rotary: Rotary = rotary_for(family.rotary(config, index), head_dim, config.rotary_dim)
+        self.qk_norm = family.qk_norm
         if self.qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -63,9 +68,7 @@ class GroupedQueryAttention(nn.Module):
         if self.qk_norm:
             query = self.q_norm(query)
             key = self.k_norm(key)
-        half = head_dim // 2
-        query = query * cos + rotate_half(query, half) * sin
-        key = key * cos + rotate_half(key, half) * sin
+        query, key = self.rotary(query, cos, sin), self.rotary(key, cos, sin)
 
         context = self.kv_mode.attend(
             self,
@@ -109,9 +112,13 @@ class GroupedQueryAttention(nn.Module):
         """softmax(rows keys^T * scale + mask) values, for rows and K/V already laid out."""
         # Every op between the two matmuls works row by row over the key axis, which is what
         # makes the query fold exact.
-        scores = torch.matmul(rows, keys.transpose(-1, -2)) * self.scale + causal_mask
+        scores = self.scores(rows, keys) + causal_mask
         probabilities = functional.softmax(scores.float(), dim=-1).to(rows.dtype)
         return torch.matmul(probabilities, values)
+
+    def scores(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """rows keys^T * scale (both KV modes score through here)."""
+        return torch.matmul(rows, keys.transpose(-1, -2)) * self.scale
 
     def _in_layout(
         self,

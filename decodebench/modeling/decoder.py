@@ -29,6 +29,7 @@ from torch.nn import functional
 from decodebench.contracts.domain import Attention, KVCache
 from decodebench.contracts.presets import ModelConfig
 from decodebench.modeling.attention import GroupedQueryAttention
+from decodebench.modeling.families import family_for
 from decodebench.modeling.kv_modes import kv_mode
 from decodebench.modeling.layers import MLP, RMSNorm, rope_tables
 from decodebench.modeling.layouts import layout_for
@@ -40,37 +41,32 @@ INIT_THREADS = 2
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm (Llama, Qwen2) or EXAONE 4's post-norm of each sub-block's output.
-
-    The attribute names are Hugging Face's; note ``post_attention_layernorm`` is the norm
-    *before* the MLP in Llama but the norm of the attention *output* in EXAONE 4.
-    """
+    """One layer; its family (:mod:`~decodebench.modeling.families`) decides its norms and how
+    attention and MLP compose (pre-norm in Llama, each sub-block's output normalised in
+    EXAONE 4). The attribute names are Hugging Face's."""
 
     def __init__(
-        self, config: ModelConfig, attention: Attention, kv: KVCache, query_length: int
+        self,
+        config: ModelConfig,
+        attention: Attention,
+        kv: KVCache,
+        query_length: int,
+        index: int = 0,
     ) -> None:
         super().__init__()
-        self.post_norm = config.post_norm
-        eps = config.rms_norm_eps
-        self.self_attn = GroupedQueryAttention(config, attention, kv, query_length)
-        self.mlp = MLP(config)
-        if self.post_norm:
-            self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
-            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps)
-        else:
-            self.input_layernorm = RMSNorm(config.hidden_size, eps)
-            self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+        self.family = family_for(config)
+        self.self_attn = GroupedQueryAttention(config, attention, kv, query_length, index)
+        self.mlp = MLP(config, self.family.activation)
+        self.family.add_norms(self, config)
+
+    def norm(self, name: str) -> nn.Module:
+        """One of the norms the family gave this layer, by its Hugging Face name."""
+        return self.get_submodule(name)
 
     def forward(
         self, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.post_norm:
-            attended, key, value = self.self_attn(hidden, *attention_args)
-            hidden = hidden + self.post_attention_layernorm(attended)
-            return hidden + self.post_feedforward_layernorm(self.mlp(hidden)), key, value
-        attended, key, value = self.self_attn(self.input_layernorm(hidden), *attention_args)
-        hidden = hidden + attended
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)), key, value
+        return self.family.layer_forward(self, hidden, *attention_args)
 
 
 class DecoderBody(nn.Module):
@@ -80,7 +76,10 @@ class DecoderBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            [DecoderLayer(config, attention, kv, query_length) for _ in range(config.num_layers)]
+            [
+                DecoderLayer(config, attention, kv, query_length, index)
+                for index in range(config.num_layers)
+            ]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -95,6 +94,8 @@ class DecodeStepModel(nn.Module):
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    rope_cos_local: torch.Tensor
+    rope_sin_local: torch.Tensor
     row_offsets: torch.Tensor
     token_offsets: torch.Tensor
     key_positions: torch.Tensor
@@ -137,9 +138,15 @@ class DecodeStepModel(nn.Module):
             self._initialize_weights()
         else:
             self._assign_weights(weights)
+        self.family = family_for(config)
+        self.sliding = [self.family.sliding(config, index) for index in range(config.num_layers)]
         cos, sin = rope_tables(config, context)
         self.register_buffer("rope_cos", cos.to(dtype), persistent=False)
         self.register_buffer("rope_sin", sin.to(dtype), persistent=False)
+        if any(self.sliding):
+            cos, sin = rope_tables(config, context, self.family.rope_theta(config, sliding=True))
+            self.register_buffer("rope_cos_local", cos.to(dtype), persistent=False)
+            self.register_buffer("rope_sin_local", sin.to(dtype), persistent=False)
         self._register_constants()
         self.kv_mode.register_caches(self)
 
@@ -238,8 +245,11 @@ class DecodeStepModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position: torch.Tensor, *rest: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        head_dim, length = self.config.head_dim, self.query_length
+        rotary_dim, length = self.config.rotary_dim, self.query_length
         hidden = self.model.embed_tokens(input_ids)
+        embed_scale = self.family.embed_scale(self.config)
+        if embed_scale is not None:
+            hidden = hidden * embed_scale  # in the compute dtype, as the reference does
         if length == 1:
             causal, caches = rest[0].to(hidden.dtype), rest[1:]
             positions = position
@@ -247,14 +257,23 @@ class DecodeStepModel(nn.Module):
             caches = rest
             positions = position + self.token_offsets
             causal = self._prefill_mask(position)
-        cos = torch.index_select(self.rope_cos, 0, positions).view(1, 1, length, head_dim)
-        sin = torch.index_select(self.rope_sin, 0, positions).view(1, 1, length, head_dim)
+        shape = (1, 1, length, rotary_dim)
+        cos = torch.index_select(self.rope_cos, 0, positions).view(shape)
+        sin = torch.index_select(self.rope_sin, 0, positions).view(shape)
+        local = (cos, sin, causal)
+        if any(self.sliding):
+            local = (
+                torch.index_select(self.rope_cos_local, 0, positions).view(shape),
+                torch.index_select(self.rope_sin_local, 0, positions).view(shape),
+                causal + self._window_mask(position),
+            )
         new_mask = self.kv_mode.new_token_mask(self)
         new_kv: list[torch.Tensor] = []
         for index, layer in enumerate(self.model.layers):
             key_cache, value_cache = self.kv_mode.layer_caches(self, index, caches)
+            layer_cos, layer_sin, mask = local if self.sliding[index] else (cos, sin, causal)
             hidden, key, value = layer(
-                hidden, cos, sin, causal, position, key_cache, value_cache, new_mask
+                hidden, layer_cos, layer_sin, mask, position, key_cache, value_cache, new_mask
             )
             new_kv += [key, value]
         hidden = self.model.norm(hidden)
@@ -263,7 +282,19 @@ class DecodeStepModel(nn.Module):
         )
         # Tied: reuse the embedding parameter itself so the converted graph holds one copy.
         logits = functional.linear(hidden, lm_head_weight)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         return self.kv_mode.result(logits, new_kv)
+
+    def _window_mask(self, position: torch.Tensor) -> torch.Tensor:
+        """[1, 1, rows, context]: -inf on keys a sliding layer no longer sees (``window`` keys
+        back from each query row, its own included), built in the graph from ``position``."""
+        window = self.config.sliding_window or self.context
+        row_positions = position + self.row_offsets
+        far = self.key_positions[None, :] <= row_positions[:, None] - window
+        mask = torch.zeros((self.query_rows, self.context), dtype=self.dtype)
+        return mask.masked_fill(far, MASKED)[None, None]
 
     def _prefill_mask(self, position: torch.Tensor) -> torch.Tensor:
         """[1, 1, rows, context]: the cache slots each query row may see, from ``position``."""

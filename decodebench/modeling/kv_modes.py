@@ -165,9 +165,8 @@ class InputCache(KVMode):
         rows = layout.rows(query)
         key_cache, value_cache = (layout.heads(cache) for cache in caches)
         key, value = layout.heads(key), layout.heads(value)
-        scale = module.scale
-        cache_scores = torch.matmul(rows, key_cache.transpose(-1, -2)) * scale + cache_mask
-        new_scores = torch.matmul(rows, key.transpose(-1, -2)) * scale
+        cache_scores = module.scores(rows, key_cache) + cache_mask
+        new_scores = module.scores(rows, key)
         if new_mask is not None:
             new_scores = new_scores + new_mask
         scores = torch.cat((cache_scores, new_scores), dim=-1)
