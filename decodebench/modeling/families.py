@@ -11,7 +11,7 @@ Importing this module loads no torch: the server checks uploaded checkpoints aga
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from decodebench.contracts.presets import ModelConfig
 
@@ -19,11 +19,18 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from decodebench.modeling.decoder import DecoderLayer
-
     LayerOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 Shapes = dict[str, tuple[int, ...]]
+
+
+class LayerParts(Protocol):
+    """What a family's layer_forward reads of a decoder layer (the decoder's DecoderLayer)."""
+
+    self_attn: Any
+    mlp: Any
+
+    def norm(self, name: str) -> Any: ...
 
 
 class DecoderFamily:
@@ -57,7 +64,7 @@ class DecoderFamily:
             layer.add_module(norm, RMSNorm(config.hidden_size, config.rms_norm_eps))
 
     def layer_forward(
-        self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
+        self, layer: LayerParts, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> LayerOutput:
         attended, key, value = layer.self_attn(
             layer.norm("input_layernorm")(hidden), *attention_args
@@ -163,7 +170,7 @@ class Exaone4(DecoderFamily):
     norms = ("post_attention_layernorm", "post_feedforward_layernorm")
 
     def layer_forward(
-        self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
+        self, layer: LayerParts, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> LayerOutput:
         attended, key, value = layer.self_attn(hidden, *attention_args)
         hidden = hidden + layer.norm("post_attention_layernorm")(attended)
@@ -202,7 +209,7 @@ class Gemma3(DecoderFamily):
         return config.rope_theta
 
     def layer_forward(
-        self, layer: DecoderLayer, hidden: torch.Tensor, *attention_args: torch.Tensor | None
+        self, layer: LayerParts, hidden: torch.Tensor, *attention_args: torch.Tensor | None
     ) -> LayerOutput:
         attended, key, value = layer.self_attn(
             layer.norm("input_layernorm")(hidden), *attention_args
