@@ -16,6 +16,7 @@ from types import FrameType
 from agent import doctor
 from agent.config import add_settings_arguments, build_parser, settings_from
 from agent.main import Agent, build_driver
+from decodebench._quiet import route_import_noise
 from decodebench.client import DecodebenchClient
 
 log = logging.getLogger("agent")
@@ -40,6 +41,7 @@ def command_line() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    route_import_noise()  # coremltools' import chatter, when a driver loads it, goes to DEBUG
     args = command_line().parse_args(argv)
     return int(args.command(args))
 
