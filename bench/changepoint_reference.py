@@ -1,4 +1,4 @@
-"""Write the reference change points that tests/test_judging_changepoints.py checks against.
+"""Write the reference change points tests/decodebench/judging/test_changepoints.py checks.
 
 Apache Otava cannot be installed beside this project (it pins numpy 2.2.* and pulls cloud
 clients), so its change-point code is run from an unpacked wheel, outside the project's

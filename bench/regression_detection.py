@@ -28,14 +28,7 @@ import time
 import numpy as np
 
 from decodebench.contracts.profiles import IPHONE_17_PRO
-from decodebench.judging.nightly import (
-    DetectionSettings,
-    Direction,
-    Outcome,
-    confirm_change,
-    series_after,
-    suspect_change,
-)
+from decodebench.judging import nightly
 from decodebench.judging.simulation import SimulatedDesign, nightly_value
 from decodebench.timing import TimingParameters
 
@@ -50,7 +43,7 @@ class History:
     def __init__(self, args: argparse.Namespace, trial: int, step: float, seed: int) -> None:
         self.design = SimulatedDesign(repetitions=args.repetitions)
         self.timing = TimingParameters(noise_scale=args.noise_scale)
-        self.settings = DetectionSettings(min_effect=args.min_effect)
+        self.settings = nightly.DetectionSettings(min_effect=args.min_effect)
         self.prompt_tokens = PROMPT_TOKENS
         rng = np.random.default_rng([seed, trial, round(step * 1000)])
         first = self.settings.min_history + 2
@@ -75,20 +68,20 @@ class History:
         self.next_run_id += self.design.repetitions
         return value
 
-    def run(self, nights: int) -> list[tuple[int, Direction]]:
+    def run(self, nights: int) -> list[tuple[int, nightly.Direction]]:
         """Confirmed alerts as (night, direction)."""
         active: list[float] = []
         alerts = []
         for night in range(nights):
             active.append(self.measure(night))
-            suspect = suspect_change(active, self.settings)
+            suspect = nightly.suspect_change(active, self.settings)
             if suspect is None:
                 continue
             self.suspicions.append(night)
-            confirmation = confirm_change(suspect, [self.measure(night)], self.settings)
-            if confirmation.outcome is Outcome.confirmed:
+            confirmation = nightly.confirm_change(suspect, [self.measure(night)], self.settings)
+            if confirmation.outcome is nightly.Outcome.confirmed:
                 alerts.append((night, suspect.direction))
-            active = series_after(active, confirmation)
+            active = nightly.series_after(active, confirmation)
         return alerts
 
 
@@ -103,7 +96,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=13)
     args = parser.parse_args()
     started = time.monotonic()
-    settings = DetectionSettings(min_effect=args.min_effect)
+    settings = nightly.DetectionSettings(min_effect=args.min_effect)
 
     false_alarms, judged_nights, clean_suspicions = 0, 0, 0
     detection: dict[str, float] = {}
@@ -120,7 +113,7 @@ def main() -> None:
             confirmed = [
                 night
                 for night, direction in alerts
-                if night >= history.step_night and direction is Direction.regression
+                if night >= history.step_night and direction is nightly.Direction.regression
             ]
             if step and confirmed:
                 delays.append(confirmed[0] - history.step_night + 1)

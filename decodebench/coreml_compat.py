@@ -1,7 +1,8 @@
 """Seams between torch 2.13 and coremltools 9.0 (tested by Apple up to torch 2.7).
 
-Each workaround is small, named after what it fixes, and covered by tests/test_coreml_compat.py.
-Delete one when the pinned versions no longer need it (the tests say when).
+Each workaround is small, named after what it fixes, and covered by
+tests/decodebench/building/test_coreml_compat.py. Delete one when the pinned versions no longer
+need it (the tests say when).
 """
 
 from __future__ import annotations

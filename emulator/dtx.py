@@ -159,35 +159,30 @@ def encode_message(message: Message) -> bytes:
         return _fragment(message, 0, 1, body, flags)
     pieces = [body[at : at + MAX_FRAGMENT_BYTES] for at in range(0, len(body), MAX_FRAGMENT_BYTES)]
     count = len(pieces) + 1
-    first = FRAGMENT_HEADER.pack(
-        MAGIC,
-        FRAGMENT_HEADER.size,
-        0,
-        count,
-        len(body),
-        message.identifier,
-        message.conversation,
-        message.channel,
-        flags,
-    )
+    first = _fragment_header(message, 0, count, len(body), flags)
     return first + b"".join(
         _fragment(message, index + 1, count, piece, flags) for index, piece in enumerate(pieces)
     )
 
 
 def _fragment(message: Message, index: int, count: int, body: bytes, flags: int) -> bytes:
-    header = FRAGMENT_HEADER.pack(
+    return _fragment_header(message, index, count, len(body), flags) + body
+
+
+def _fragment_header(message: Message, index: int, count: int, length: int, flags: int) -> bytes:
+    """Fragment ``index`` of ``count``, ``length`` bytes; the first of several announces the
+    whole body's length and carries none of it."""
+    return FRAGMENT_HEADER.pack(
         MAGIC,
         FRAGMENT_HEADER.size,
         index,
         count,
-        len(body),
+        length,
         message.identifier,
         message.conversation,
         message.channel,
         flags,
     )
-    return header + body
 
 
 def reply_to(request: Message, value: Any) -> Message:

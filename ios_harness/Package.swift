@@ -5,8 +5,8 @@
 // Platforms are spelled as version strings: `.iOS(.v18)` / `.macOS(.v15)` exist only from
 // PackageDescription 6.0, while the string form is valid for every tools version from 5.0 on.
 // Tools 5.9 keeps the Swift 5 language mode, which Metrics.swift needs (`mach_task_self_` is a
-// shared mutable C global that Swift 6 mode rejects). tests/test_harness_swift_syntax.py checks
-// these spellings against the declared tools version.
+// shared mutable C global that Swift 6 mode rejects). tests/ios_harness/test_swift_syntax.py
+// checks these spellings against the declared tools version.
 import PackageDescription
 
 let package = Package(

@@ -1,8 +1,9 @@
 """Op types a Core ML ML program may contain, as coremltools 9.0 registers them.
 
 Generated from ``SSAOpRegistry.core_ops`` (every opset), plus the serialisation-only state ops.
-The analysis counts any other type as unknown (never fatal); ``tests/test_analysis_ops.py``
-checks that this list still covers the installed coremltools.
+The analysis counts any other type as unknown (never fatal);
+``tests/decodebench/analysis/test_programs.py`` checks that this list still covers the installed
+coremltools.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ With a prefill chunk the package is multifunction: ``main`` (decode, the default
 ``prefill``, sharing one copy of the weights.
 
 The pipeline is coremltools' own, with what costs time and changes nothing removed (each measured
-on the full EXAONE shape, see ``bench/build_exaone.py``). ``tests/test_convert.py`` compares the
-result with plain ``ct.convert`` + ``ct.optimize.coreml`` on the same recipe
-(:mod:`decodebench.building.quant.plain`): fp16 programs are identical op for op; quantized ones have
-byte-equal compressed weights and decode identically, the plain program holding one more
-negative-index guard on the token gather per ``ct.optimize.coreml`` call (see there):
+on the full EXAONE shape, see ``bench/build_exaone.py``).
+``tests/decodebench/building/test_convert.py`` compares the result with plain ``ct.convert`` +
+``ct.optimize.coreml`` on the same recipe (:mod:`decodebench.building.quant.plain`): fp16
+programs are identical op for op; quantized ones have byte-equal compressed weights and decode
+identically, the plain program holding one more negative-index guard on the token gather per
+``ct.optimize.coreml`` call (see there):
 
 - the trace is not re-run twice to check itself (``check_trace``), ~10 s;
 - ``ct.convert`` runs its own frontend, main and backend pipelines, but validates the program
@@ -37,6 +38,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -56,7 +58,7 @@ from decodebench.modeling import DecodeStepModel, example_inputs
 
 DECODE_FUNCTION = "main"
 PREFILL_FUNCTION = "prefill"
-# Measured to change nothing in these decoders (tests/test_convert.py keeps that true) and slow.
+# Measured to change nothing in these decoders and slow (the convert tests keep that true).
 SKIPPED_PASSES = frozenset({"common::reduce_transposes"})
 _WEIGHTS_DIR = "weights"
 _SPEC_AUTHOR = "com.apple.CoreML"
@@ -76,6 +78,20 @@ class _NoStages:
         yield
 
 
+# The models of a package's functions, by function name.
+Models = dict[str, DecodeStepModel]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What every function of one conversion must match (``config``, ``variant``), and where
+    its stages are recorded."""
+
+    config: ModelConfig
+    variant: VariantSpec
+    stages: StageRecorder = field(default_factory=_NoStages)
+
+
 class Converter(Protocol):
     name: str
 
@@ -83,26 +99,14 @@ class Converter(Protocol):
         """Versions of everything that shapes the artifact (part of the build key)."""
         ...
 
-    def convert(
-        self,
-        model: DecodeStepModel,
-        config: ModelConfig,
-        variant: VariantSpec,
-        stages: StageRecorder | None = None,
-    ) -> ct.models.MLModel: ...
+    def convert(self, model: DecodeStepModel, conversion: Conversion) -> ct.models.MLModel: ...
 
     def save(self, converted: ct.models.MLModel, path: Path) -> None:
         """Write the artifact to ``path`` and release whatever the backend kept elsewhere."""
         ...
 
     def build_package(
-        self,
-        functions: dict[str, DecodeStepModel],
-        config: ModelConfig,
-        variant: VariantSpec,
-        path: Path,
-        plan: QuantPlan | None = None,
-        stages: StageRecorder | None = None,
+        self, functions: Models, conversion: Conversion, path: Path, plan: QuantPlan | None = None
     ) -> dict[str, str]:
         """Convert (and quantize) straight into the package at ``path``; {const: constexpr op}.
 
@@ -122,16 +126,10 @@ class CoreMLToolsConverter:
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "coremltools": ct.__version__}
 
-    def to_program(
-        self,
-        model: DecodeStepModel,
-        config: ModelConfig,
-        variant: VariantSpec,
-        stages: StageRecorder | None = None,
-    ) -> Program:
+    def to_program(self, model: DecodeStepModel, conversion: Conversion) -> Program:
         """Trace and convert one function to a MIL program, every main pass applied."""
-        stages = stages or _NoStages()
-        _check_matches(model, config, variant)
+        _check_matches(model, conversion.config, conversion.variant)
+        stages = conversion.stages
         coreml_compat.install()
         with stages.stage("trace"):
             # Tracing runs one real call, which writes the cache; reset so the module is left
@@ -153,15 +151,9 @@ class CoreMLToolsConverter:
         return program
 
     def build_package(
-        self,
-        functions: dict[str, DecodeStepModel],
-        config: ModelConfig,
-        variant: VariantSpec,
-        path: Path,
-        plan: QuantPlan | None = None,
-        stages: StageRecorder | None = None,
+        self, functions: Models, conversion: Conversion, path: Path, plan: QuantPlan | None = None
     ) -> dict[str, str]:
-        stages = stages or _NoStages()
+        stages = conversion.stages
         if set(functions) - {DECODE_FUNCTION, PREFILL_FUNCTION} or DECODE_FUNCTION not in functions:
             raise ConversionError(f"functions must be {DECODE_FUNCTION} [+ {PREFILL_FUNCTION}]")
         # One function is written straight to ``path``. Several are converted and saved alone,
@@ -171,7 +163,7 @@ class CoreMLToolsConverter:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".functions-") as scratch:
             parts: dict[str, Path] = {}
             for name in list(functions):
-                program = self.to_program(functions.pop(name), config, variant, stages)
+                program = self.to_program(functions.pop(name), conversion)
                 rewritten.update(_quantize(program, plan, stages))
                 parts[name] = path if single else Path(scratch) / f"{name}.mlpackage"
                 with stages.stage("save"):
@@ -186,15 +178,9 @@ class CoreMLToolsConverter:
                     ct.utils.save_multifunction(descriptor, str(path))
         return rewritten
 
-    def convert(
-        self,
-        model: DecodeStepModel,
-        config: ModelConfig,
-        variant: VariantSpec,
-        stages: StageRecorder | None = None,
-    ) -> ct.models.MLModel:
+    def convert(self, model: DecodeStepModel, conversion: Conversion) -> ct.models.MLModel:
         """One function as an ``MLModel`` in a temporary package (moved by :meth:`save`)."""
-        program = self.to_program(model, config, variant, stages)
+        program = self.to_program(model, conversion)
         package = Path(tempfile.mkdtemp(suffix=".mlpackage"))
         package.rmdir()
         write_package(program, package)
@@ -396,4 +382,4 @@ def convert(
     stages: StageRecorder | None = None,
     converter: Converter = DEFAULT_CONVERTER,
 ) -> ct.models.MLModel:
-    return converter.convert(model, config, variant, stages)
+    return converter.convert(model, Conversion(config, variant, stages or _NoStages()))

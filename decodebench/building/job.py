@@ -169,7 +169,7 @@ def convert_job(
 ) -> BuildReport:
     """Sensitivity, conversion, quantization, the finite check and the analysis of a loaded
     decoder (``torch_model``, fp16, built for ``config``) into ``job.out_dir``."""
-    from decodebench.building.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION
+    from decodebench.building.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION, Conversion
     from decodebench.building.quant.apply import QuantPlan
     from decodebench.building.quant.ranking import sensitivity_report
 
@@ -198,7 +198,9 @@ def convert_job(
     (job.out_dir / REPORT_NAME).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(dir=job.out_dir, prefix=".building-") as staging:
         staged = Path(staging) / PACKAGE_NAME
-        rewritten = converter.build_package(functions, config, variant, staged, plan, clock)
+        rewritten = converter.build_package(
+            functions, Conversion(config, variant, clock), staged, plan
+        )
         plan._cache.clear()
         with clock.stage("check_finite"):
             check_finite_decode(staged)

@@ -15,7 +15,8 @@ series:
 
 Neither library installs beside this project's pins (signal-processing-algorithms needs
 numpy<2, apache-otava pins numpy 2.2 and cloud clients), so this is written here and tested
-against Apache Otava's own output on the same series (tests/test_judging_changepoints.py).
+against Apache Otava's own output on the same series
+(tests/decodebench/judging/test_changepoints.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Builds on :mod:`decodebench.coreml_compat` (the seams every conversion needs, the project's own
 build path included); each workaround is named after what it fixes and covered by
-``tests/test_mil_compat.py``.
+``tests/decodebench/mil/test_compat.py``.
 
 - ``aten::index_copy_``: Hugging Face's ``StaticCache`` writes new keys and values with
   ``cache.index_copy_(2, cache_position, states)``; coremltools 9.0 has no converter for it. A

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional
@@ -9,9 +11,27 @@ from torch.nn import functional
 from decodebench.contracts.domain import Attention, KVCache
 from decodebench.contracts.presets import ModelConfig
 from decodebench.modeling.families import family_for
-from decodebench.modeling.kv_modes import kv_mode
+from decodebench.modeling.kv_modes import AttentionCall, kv_mode
 from decodebench.modeling.layers import RMSNorm, Rotary, rotary_for
 from decodebench.modeling.layouts import AttentionLayout, layout_for
+
+
+def _layout_method(kind: Attention, doc: str) -> Callable[..., torch.Tensor]:
+    """The method attending over the whole cache in layout ``kind``, named after it."""
+
+    def attend(
+        self: GroupedQueryAttention,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        causal_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        layout = self.layouts[kind]
+        return self._in_layout(layout, query, key_cache, value_cache, causal_mask)
+
+    attend.__name__ = attend.__qualname__ = kind.value
+    attend.__doc__ = doc
+    return attend
 
 
 class GroupedQueryAttention(nn.Module):
@@ -70,14 +90,9 @@ class GroupedQueryAttention(nn.Module):
             key = self.k_norm(key)
         query, key = self.rotary(query, cos, sin), self.rotary(key, cos, sin)
 
+        caches, masks = (key_cache, value_cache), (mask, new_mask)
         context = self.kv_mode.attend(
-            self,
-            query,
-            key,
-            value,
-            (key_cache, value_cache),
-            (mask, new_mask),
-            position,
+            self, AttentionCall(query, key, value, caches, masks, position)
         )
         # [1, Hq, C, D] -> [1, C, Hq * D]
         context = context.transpose(1, 2).reshape(1, length, self.query_heads * head_dim)
@@ -134,24 +149,11 @@ class GroupedQueryAttention(nn.Module):
         )
         return layout.unrows(context)
 
-    def repeat_kv(
-        self,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        causal_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """The reference layout: replicate each KV head G times (query head h reads KV h // G)."""
-        layout = self.layouts[Attention.repeat_kv]
-        return self._in_layout(layout, query, key_cache, value_cache, causal_mask)
-
-    def folded(
-        self,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        causal_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """Fold the query instead: [1, Hq, C, D] -> [1, Hkv, G*C, D], a pure reshape."""
-        layout = self.layouts[Attention.folded]
-        return self._in_layout(layout, query, key_cache, value_cache, causal_mask)
+    repeat_kv = _layout_method(
+        Attention.repeat_kv,
+        "The reference layout: replicate each KV head G times (query head h reads KV h // G).",
+    )
+    folded = _layout_method(
+        Attention.folded,
+        "Fold the query instead: [1, Hq, C, D] -> [1, Hkv, G*C, D], a pure reshape.",
+    )

@@ -90,7 +90,8 @@ def parameter_seed(seed: int, name: str) -> int:
 
 
 class DecodeStepModel(nn.Module):
-    """One call of the whole model (decode step or prefill chunk); see the module docstring."""
+    """One call of the whole model (decode step or prefill chunk); see the module docstring.
+    Built in eval mode: it only ever runs for inference."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
@@ -149,6 +150,7 @@ class DecodeStepModel(nn.Module):
             self.register_buffer("rope_sin_local", sin.to(dtype), persistent=False)
         self._register_constants()
         self.kv_mode.register_caches(self)
+        self.eval()
 
     def _register_constants(self) -> None:
         # Positions of the query rows relative to `position`: on the merged group x sequence axis
@@ -217,7 +219,7 @@ class DecodeStepModel(nn.Module):
             weights=dict(self.named_parameters()),
         )
         self.kv_mode.share_caches(self, twin)
-        return twin.eval()
+        return twin
 
     def cache_names(self) -> list[str]:
         """KV cache names (buffers or inputs), in layer order, keys and values interleaved."""
@@ -305,13 +307,5 @@ class DecodeStepModel(nn.Module):
         return mask[None, None]
 
 
-def build_model(
-    config: ModelConfig,
-    context: int,
-    attention: Attention | str = Attention.folded,
-    dtype: torch.dtype = torch.float32,
-    kv: KVCache | str = KVCache.state,
-    query_length: int = 1,
-    weights: dict[str, torch.Tensor] | None = None,
-) -> DecodeStepModel:
-    return DecodeStepModel(config, context, attention, dtype, kv, query_length, weights).eval()
+# A model is built for inference only, in eval mode from its construction.
+build_model = DecodeStepModel

@@ -17,12 +17,27 @@ per layer to the graph, the very kind of redundant traffic this project measures
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn import functional
 
 from decodebench.contracts.domain import KVCache
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """What one layer's attention hands its KV mode: the call's query, key and value
+    ([1, H, C, D], rotated), the layer's caches, the masks over the cache and among the call's
+    own tokens, and the position of its first token."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    caches: tuple[torch.Tensor, torch.Tensor]
+    masks: tuple[torch.Tensor, torch.Tensor | None]
+    position: torch.Tensor
 
 
 class KVMode:
@@ -33,17 +48,8 @@ class KVMode:
         """How many cache slots a decode step at ``position`` sees (the host's mask)."""
         raise NotImplementedError
 
-    def attend(
-        self,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        caches: tuple[torch.Tensor, torch.Tensor],
-        masks: tuple[torch.Tensor, torch.Tensor | None],
-        position: torch.Tensor,
-    ) -> torch.Tensor:
-        """The attention output [1, Hq, C, D] of ``query`` over the cache and this call's K/V."""
+    def attend(self, module: Any, call: AttentionCall) -> torch.Tensor:
+        """The attention output [1, Hq, C, D] of the call's query over the cache and its K/V."""
         raise NotImplementedError
 
     def prefill_visible(self, model: Any, position: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -91,22 +97,13 @@ class StateCache(KVMode):
     def visible_slots(self, position: int) -> int:
         return position + 1  # the token's own slot is written first, so key 0 is always seen
 
-    def attend(
-        self,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        caches: tuple[torch.Tensor, torch.Tensor],
-        masks: tuple[torch.Tensor, torch.Tensor | None],
-        position: torch.Tensor,
-    ) -> torch.Tensor:
-        key_cache, value_cache = caches
+    def attend(self, module: Any, call: AttentionCall) -> torch.Tensor:
+        (key_cache, value_cache), position = call.caches, call.position
         length = module.query_length  # a Python int: a traced size would become graph arithmetic
         # In-place write of these tokens' K and V: becomes slice_update + a state write.
-        key_cache[:, :, position : position + length, :] = key
-        value_cache[:, :, position : position + length, :] = value
-        return module.attend_cache(query, key_cache, value_cache, masks[0])
+        key_cache[:, :, position : position + length, :] = call.key
+        value_cache[:, :, position : position + length, :] = call.value
+        return module.attend_cache(call.query, key_cache, value_cache, call.masks[0])
 
     def prefill_visible(self, model: Any, position: torch.Tensor) -> tuple[torch.Tensor, bool]:
         # Slots up to the row's own position (this call's tokens are written first).
@@ -148,23 +145,14 @@ class InputCache(KVMode):
     def visible_slots(self, position: int) -> int:
         return position  # the new token is attended separately
 
-    def attend(
-        self,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        caches: tuple[torch.Tensor, torch.Tensor],
-        masks: tuple[torch.Tensor, torch.Tensor | None],
-        position: torch.Tensor,
-    ) -> torch.Tensor:
+    def attend(self, module: Any, call: AttentionCall) -> torch.Tensor:
         """One softmax over [cache scores | new scores]: exact, and the only concatenation is of
         scores, never of the context-sized K/V."""
-        del position  # the host writes the new K/V after the call
-        layout, cache_mask, new_mask = module.layout, *masks
+        # The call's position is not used: the host writes the new K/V after the call.
+        layout, (cache_mask, new_mask), query = module.layout, call.masks, call.query
         rows = layout.rows(query)
-        key_cache, value_cache = (layout.heads(cache) for cache in caches)
-        key, value = layout.heads(key), layout.heads(value)
+        key_cache, value_cache = (layout.heads(cache) for cache in call.caches)
+        key, value = layout.heads(call.key), layout.heads(call.value)
         cache_scores = module.scores(rows, key_cache) + cache_mask
         new_scores = module.scores(rows, key)
         if new_mask is not None:

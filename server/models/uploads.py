@@ -5,11 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    String,
-)
 from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.types import BigInteger, String
 
 from server.models.base import Base, now_column, project_column
 

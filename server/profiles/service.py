@@ -12,6 +12,8 @@ device class has no calibration from measured runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -29,6 +31,15 @@ from server.errors import Conflict
 from server.models import Build, ProfileCalibration, PromptResultRow, Run, RunState
 
 CURRENT_PROFILES_KEY = "current_profiles"
+# What a stored calibration keeps of its fit field by field (the points aside: kept as JSON).
+FIT_FIELDS = tuple(name for name in CalibrationFit.model_fields if name != "points")
+
+
+def fit_fields(source: CalibrationFit | ProfileCalibration) -> dict[str, Any]:
+    """The fields of a fit, or of the calibration stored from it, as the database keeps them."""
+    fields = {name: getattr(source, name) for name in FIT_FIELDS}
+    fields["calibrated_parameters"] = list(source.calibrated_parameters)
+    return fields
 
 
 def default_profile(device_class: str) -> DeviceProfile:
@@ -99,15 +110,7 @@ def calibrate(
     except CalibrationError as error:
         raise Conflict(str(error)) from None
     calibration = ProfileCalibration(
-        device_class=device_class,
-        effective_bandwidth_mb_s=fit.effective_bandwidth_mb_s,
-        dispatch_overhead_us=fit.dispatch_overhead_us,
-        calibrated_parameters=list(fit.calibrated_parameters),
-        runs=fit.runs,
-        builds=fit.builds,
-        includes_simulated=fit.includes_simulated,
-        rms_relative_error=fit.rms_relative_error,
-        note=fit.note,
+        **fit_fields(fit),
         points=[point.model_dump(mode="json") for point in fit.points],
         requested_by=requested_by,
         project_id=tenancy.owner(session),

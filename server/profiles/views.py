@@ -23,15 +23,7 @@ PARAMETER_LABELS = {
 def calibration_view(calibration: ProfileCalibration, *, points: bool = False) -> CalibrationView:
     return CalibrationView(
         id=calibration.id,
-        device_class=calibration.device_class,
-        effective_bandwidth_mb_s=calibration.effective_bandwidth_mb_s,
-        dispatch_overhead_us=calibration.dispatch_overhead_us,
-        calibrated_parameters=calibration.calibrated_parameters,
-        runs=calibration.runs,
-        builds=calibration.builds,
-        includes_simulated=calibration.includes_simulated,
-        rms_relative_error=calibration.rms_relative_error,
-        note=calibration.note,
+        **service.fit_fields(calibration),
         requested_by=calibration.requested_by,
         created_at=calibration.created_at,
         points=[FittedPoint.model_validate(point) for point in calibration.points]

@@ -26,7 +26,7 @@ from agent.drivers.base import DriverError
 from agent.drivers.ios.checks import CheckContext, device_checks
 from agent.drivers.ios.ddi import ensure_mounted, is_mounted
 from agent.drivers.ios.errors import DDI_NOT_MOUNTED, NO_TUNNEL, PROFILE_UNTRUSTED
-from agent.drivers.ios.launchers import DvtLauncher
+from agent.drivers.ios.launchers import AppLaunch, DvtLauncher
 from decodebench.harness import HARNESS_BUNDLE_ID, JOB_FILE
 from emulator import ddi
 from emulator.device import EmulatedDevice
@@ -189,7 +189,7 @@ def test_ios_18_goes_through_tunneld_and_remote_service_discovery(
         async with lockdown(fleet, device) as client:
             await install_harness(client, tmp_path)
             await ensure_mounted(client, ddi_folder)  # personalized: the phone's manifest
-            pid = await launcher.launch(client, HARNESS_BUNDLE_ID, ["--job", JOB_FILE], {})
+            pid = await launcher.launch(client, AppLaunch(HARNESS_BUNDLE_ID, ["--job", JOB_FILE]))
             state = await launcher.state(client, pid)
             for _ in range(100):
                 if state.running is False:
@@ -216,7 +216,7 @@ def test_a_dropped_tunnel_and_a_denied_launch_carry_their_device_status(
     async def launch(device: EmulatedDevice) -> int:
         async with lockdown(fleet, device) as client:
             await install_harness(client, tmp_path)
-            return await launcher.launch(client, HARNESS_BUNDLE_ID, [], {})
+            return await launcher.launch(client, AppLaunch(HARNESS_BUNDLE_ID))
 
     with pytest.raises(DriverError) as denied:
         asyncio.run(launch(untrusted))
@@ -244,7 +244,7 @@ def test_the_os_killing_the_app_is_reported_by_the_termination_notice(
     async def scenario() -> str:
         async with lockdown(fleet, device) as client:
             await install_harness(client, tmp_path)
-            pid = await launcher.launch(client, HARNESS_BUNDLE_ID, [], {})
+            pid = await launcher.launch(client, AppLaunch(HARNESS_BUNDLE_ID))
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 state = await launcher.state(client, pid)

@@ -45,7 +45,7 @@ from agent.drivers.ios.device import DeviceRecord, IosDriverOptions, ipa_version
 from agent.drivers.ios.discovery import DeviceDirectory
 from agent.drivers.ios.errors import KILLED_BY_IOS, PROFILE_UNTRUSTED, LaunchError, device_error
 from agent.drivers.ios.install import ensure_harness
-from agent.drivers.ios.launchers import Launcher
+from agent.drivers.ios.launchers import AppLaunch, Launcher
 from agent.drivers.ios.syslog import start_capture
 from decodebench.contracts.names import DeviceStatus
 from decodebench.contracts.protocol import DeviceCheck, DeviceInfo
@@ -247,12 +247,10 @@ class Pymobiledevice3Driver:
             self._start_syslog(record)
 
         async def launch(lockdown: LockdownClient) -> int:
-            return await self.launcher.launch(
-                lockdown,
-                self.options.bundle_id,
-                ["--job", JOB_FILE],
-                {"DECODEBENCH_RUN_ID": str(job.run_id)},
+            app = AppLaunch(
+                self.options.bundle_id, ["--job", JOB_FILE], {"DECODEBENCH_RUN_ID": str(job.run_id)}
             )
+            return await self.launcher.launch(lockdown, app)
 
         try:
             record.pid = self._step(device, "launching the harness", launch)

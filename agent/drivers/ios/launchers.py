@@ -43,16 +43,19 @@ class ProcessState:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class AppLaunch:
+    """What a launcher starts: the app, its arguments and its environment."""
+
+    bundle_id: str
+    arguments: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
 class Launcher(Protocol):
     name: str
 
-    async def launch(
-        self,
-        lockdown: LockdownClient,
-        bundle_id: str,
-        arguments: list[str],
-        environment: dict[str, str],
-    ) -> int:
+    async def launch(self, lockdown: LockdownClient, app: AppLaunch) -> int:
         """Start the app (killing a running instance); its pid."""
         ...
 
@@ -154,13 +157,7 @@ class DvtLauncher:
             if provider is not lockdown:
                 await provider.close()  # type: ignore[attr-defined]
 
-    async def launch(
-        self,
-        lockdown: LockdownClient,
-        bundle_id: str,
-        arguments: list[str],
-        environment: dict[str, str],
-    ) -> int:
+    async def launch(self, lockdown: LockdownClient, app: AppLaunch) -> int:
         udid = str(lockdown.udid)
         await self._end_session(udid)
         provider = await self._provider(lockdown)
@@ -172,7 +169,10 @@ class DvtLauncher:
             try:
                 pid = int(
                     await process_control.launch(
-                        bundle_id, arguments, kill_existing=True, environment=environment
+                        app.bundle_id,
+                        app.arguments,
+                        kill_existing=True,
+                        environment=app.environment,
                     )
                 )
             except DTXNsError as error:

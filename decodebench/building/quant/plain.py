@@ -1,8 +1,9 @@
 """A recipe applied the plain way: ``ct.optimize.coreml`` on a ``ct.convert``-ed model.
 
-This is the baseline our pipeline (:mod:`decodebench.building.quant.apply`, rewriting the MIL program
-before it is serialized) is compared against, in ``tests/test_convert.py`` and
-``bench/build_exaone.py``: the same scheme for every weight, spelled as coremltools configs.
+This is the baseline our pipeline (:mod:`decodebench.building.quant.apply`, rewriting the MIL
+program before it is serialized) is compared against, in
+``tests/decodebench/building/test_convert.py`` and ``bench/build_exaone.py``: the same scheme for
+every weight, spelled as coremltools configs.
 
 - int8/int4 become ``OpLinearQuantizerConfig(mode="linear_symmetric")`` per channel or per block:
   coremltools computes them itself (our numerics are bit-identical to it).

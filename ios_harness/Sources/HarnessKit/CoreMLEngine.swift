@@ -5,8 +5,9 @@
 //   mask slots 0...position visible), or
 // - kv=input: arrays this engine holds and passes as inputs key_cache_i/value_cache_i
 //   [1, Hkv, context, head_dim] fp16; the step returns the new token's key_i/value_i
-//   [1, Hkv, 1, head_dim] and the engine writes them at `position` (as agent/drivers/host.py
-//   does); mask slots 0..<position visible, the new token is attended inside the graph.
+//   [1, Hkv, 1, head_dim] and the engine writes them at `position` (as decodebench/modeling/
+//   host.py's HostCache does); mask slots 0..<position visible, the new token is attended
+//   inside the graph.
 import CoreML
 import Foundation
 

@@ -1,6 +1,7 @@
 // The JSON the harness reads and writes. Field names are the Python schema's
-// (decodebench/harness.py, decodebench/contracts/results.py); tests/test_harness_swift_schema.py
-// checks every CodingKeys raw value below against the pydantic JSON schema.
+// (decodebench/harness.py, decodebench/contracts/results.py);
+// tests/ios_harness/test_swift_schema.py checks every CodingKeys raw value below against the
+// pydantic JSON schema.
 import Foundation
 
 public enum ThermalState: String, Codable, Sendable {
@@ -17,12 +18,12 @@ public enum ThermalState: String, Codable, Sendable {
     }
 }
 
-/// decodebench.domain.Attention: how the build lays out grouped-query attention.
+/// decodebench.contracts.domain.Attention: how the build lays out grouped-query attention.
 public enum Attention: String, Codable, Sendable {
     case repeat_kv, folded
 }
 
-/// decodebench.domain.KVCache: where the KV cache lives.
+/// decodebench.contracts.domain.KVCache: where the KV cache lives.
 public enum KVCache: String, Codable, Sendable {
     case state, input
 }
@@ -41,7 +42,8 @@ public enum HarnessProtocol {
     public static let runIdEnvironment = "DECODEBENCH_RUN_ID"
 }
 
-/// The variant the job's package was built as (decodebench.domain.VariantSpec, the keys read).
+/// The variant the job's package was built as (decodebench.contracts.domain.VariantSpec, the keys
+/// read).
 public struct VariantSpec: Codable, Sendable {
     public let attention: Attention?
     public let kv: KVCache?

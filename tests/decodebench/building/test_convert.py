@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from decodebench.building.convert import ConversionError, CoreMLToolsConverter, convert
+from decodebench.building.convert import Conversion, ConversionError, CoreMLToolsConverter, convert
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.contracts.presets import TINY_GQA
 from decodebench.modeling import build_model
@@ -67,7 +67,7 @@ def test_weights_are_converted_without_copies(attention: str, kv: str) -> None:
     apply_pipeline, equal = PassPipelineManager.__dict__["apply_pipeline"], torch.equal
     model = build_model(ONE_LAYER, CONTEXT, attention, torch.float16, kv)
     variant = VariantSpec(attention=attention, kv=kv, context=CONTEXT, layers=1)
-    program = CoreMLToolsConverter().to_program(model, ONE_LAYER, variant)
+    program = CoreMLToolsConverter().to_program(model, Conversion(ONE_LAYER, variant))
     parameters = {name: p.detach().numpy() for name, p in model.named_parameters() if p.dim() == 2}
     matrices = {
         op.name: op.outputs[0].val
@@ -86,7 +86,9 @@ def test_build_package_releases_the_models(tmp_path: Path) -> None:
 
     functions = {"main": build_model(ONE_LAYER, CONTEXT, dtype=torch.float16)}
     variant = VariantSpec(context=CONTEXT, layers=1)
-    CoreMLToolsConverter().build_package(functions, ONE_LAYER, variant, tmp_path / "m.mlpackage")
+    CoreMLToolsConverter().build_package(
+        functions, Conversion(ONE_LAYER, variant), tmp_path / "m.mlpackage"
+    )
     assert functions == {}
 
 
@@ -153,7 +155,7 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     recipe = parse_recipe(quant)
     ours = tmp_path / "ours.mlpackage"
     CoreMLToolsConverter().build_package(
-        {"main": model}, ONE_LAYER, variant, ours, QuantPlan(recipe, True)
+        {"main": model}, Conversion(ONE_LAYER, variant), ours, QuantPlan(recipe, True)
     )
 
     coreml_compat.install()
