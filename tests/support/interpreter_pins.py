@@ -45,7 +45,7 @@ SMOLLM2_STEPS = 8
 
 def op_cases() -> Iterator[tuple[str, Any, tuple[np.ndarray, ...]]]:
     """Every op case of the interpreter tests, fp32 then (float inputs) fp16."""
-    from tests.test_mil_interpreter import CASES
+    from tests.decodebench.mil.test_interpreter import CASES
 
     for name in sorted(CASES):
         build, arrays, _ = CASES[name]
@@ -55,7 +55,7 @@ def op_cases() -> Iterator[tuple[str, Any, tuple[np.ndarray, ...]]]:
 
 
 def run_op_case(build: Any, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
-    from tests.test_mil_interpreter import run
+    from tests.decodebench.mil.test_interpreter import run
 
     return run(build, *arrays)
 
