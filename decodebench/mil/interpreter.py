@@ -23,6 +23,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Program, types
 from numpy.typing import ArrayLike
 
+from decodebench.mil import shadows
 from decodebench.mil.blas import blas_threads
 from decodebench.mil.ops import KERNELS, OpArgs
 from decodebench.mil.ops_tensor import slices
@@ -188,7 +189,7 @@ class Interpreter:
         with blas_threads(self.blas_threads):
             self._run_plan(plan, values, states)
         return {
-            name: values[slot] if constant is None else constant
+            name: _owned(values[slot]) if constant is None else constant
             for name, slot, constant in plan.outputs
         }
 
@@ -235,7 +236,8 @@ class Interpreter:
                 else:
                     value = values[slot]
                     if value.__class__ is np.ndarray and value.dtype == FP16:
-                        value = value.astype(np.float32)
+                        wide = shadows.shadow(value)  # a KV cache's fp32 copy
+                        value = value.astype(np.float32) if wide is None else wide
                     elif value.__class__ is np.float16:
                         value = np.float32(value)
                     operands[name] = value
@@ -248,6 +250,7 @@ class Interpreter:
             stored, spec = states[name], self.states[name]
             shared = isinstance(stored, np.ndarray) and stored.flags.writeable
             if shared and stored.dtype == step.dtypes[0] == spec.dtype:
+                shadows.track(stored)
                 return (stored,)
             return (stored.copy(),)  # a state stored otherwise: updated the usual way
         if kind == SLICE_UPDATE_IN_PLACE:
@@ -268,6 +271,7 @@ class Interpreter:
         index = slices(OpArgs(step.op, operands, step.shapes), target.shape)
         with np.errstate(over="ignore"):
             target[index] = np.asarray(values[params["update"]]).reshape(target[index].shape)
+        shadows.write(target, index)
         return target
 
     def _checked_state(self, step: Step) -> str:
@@ -365,6 +369,13 @@ class Interpreter:
             return self._state_names[id(var)]
         except KeyError:
             raise InterpreterError(f"{var.name!r} is not a state of this function") from None
+
+
+def _owned(value: Any) -> Any:
+    """An output not sharing memory with a state, its shadow or a constant."""
+    if isinstance(value, np.ndarray) and not value.flags.owndata:
+        return value.copy()
+    return value
 
 
 def _has_infinity(value: Any) -> bool:
