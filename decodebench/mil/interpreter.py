@@ -195,32 +195,36 @@ class Interpreter:
 
     def _run_plan(self, plan: Plan, values: list[Any], states: dict[str, np.ndarray]) -> None:
         settle = any(step.kind == CONSTEXPR for step in plan.steps)
-        for step in plan.steps:
-            try:
-                results = self._step(step, values, states, plan)
-            except MilError:
-                raise
-            except Exception as error:  # a kernel failed: say where, keep the cause
-                location = op_location(step.op, step.index, self.function_name)
-                raise InterpreterError(f"{location} failed: {error}") from error
-            for slot, dtype, shape, value in zip(
-                step.outputs, step.dtypes, step.shapes, results, strict=True
-            ):
-                with np.errstate(over="ignore"):  # an overflow is reported by _check_finite
-                    array = np.asarray(value).astype(dtype, copy=False)
-                if shape is not None and array.shape != shape:
-                    raise InterpreterError(
-                        f"{op_location(step.op, step.index, self.function_name)} produced "
-                        f"shape {list(array.shape)}, the program declares {list(shape)}"
-                    )
-                values[slot] = array
-            if self.check_finite:
-                for slot in step.outputs:
-                    array = values[slot]
-                    if array.dtype.kind == "f" and not all_finite(array):
-                        self._non_finite(step, slot, values)
-            for slot in step.frees:
-                values[slot] = None
+        check = self.check_finite
+        ndarray = np.ndarray
+        # An overflow (to fp16 when an output is rounded) is reported by the non-finite check.
+        with np.errstate(over="ignore"):
+            for step in plan.steps:
+                try:
+                    results = self._step(step, values, states, plan)
+                except MilError:
+                    raise
+                except Exception as error:  # a kernel failed: say where, keep the cause
+                    location = op_location(step.op, step.index, self.function_name)
+                    raise InterpreterError(f"{location} failed: {error}") from error
+                for slot, dtype, shape, value in zip(
+                    step.outputs, step.dtypes, step.shapes, results, strict=True
+                ):
+                    if value.__class__ is not ndarray:
+                        value = np.asarray(value)
+                    array = value.astype(dtype, copy=False)
+                    if shape is not None and array.shape != shape:
+                        raise InterpreterError(
+                            f"{op_location(step.op, step.index, self.function_name)} produced "
+                            f"shape {list(array.shape)}, the program declares {list(shape)}"
+                        )
+                    values[slot] = array
+                if check:
+                    for slot in step.checks:
+                        if not all_finite(values[slot]):
+                            self._non_finite(step, slot, values)
+                for slot in step.frees:
+                    values[slot] = None
         if settle:
             settle_constexpr(plan, values)
 
@@ -228,6 +232,13 @@ class Interpreter:
         self, step: Step, values: list[Any], states: dict[str, np.ndarray], plan: Plan
     ) -> Sequence[Any]:
         kind = step.kind
+        if kind == KERNEL and not step.wide:  # a move: the values as they are
+            raw = {
+                name: [values[item] for item in slot] if slot.__class__ is tuple else values[slot]
+                for name, slot in step.params
+            }
+            result = step.kernel(OpArgs(step.op, raw, step.shapes))
+            return result if isinstance(result, tuple) else (result,)
         if kind == KERNEL or kind == CONSTEXPR:
             operands: dict[str, Any] = {}
             for name, slot in step.params:

@@ -29,6 +29,17 @@ WIDE_CONSTANT_BUDGET = 2 * 2**30
 FP16 = np.dtype(np.float16)
 FP32 = np.dtype(np.float32)
 
+# Ops that only move, pick or copy values: computed on their inputs as they are (an fp16 tensor
+# widened to fp32 and rounded back is the same tensor, so skipping both changes no bit).
+MOVES = frozenset(
+    {"reshape", "transpose", "expand_dims", "squeeze", "slice_by_index", "slice_by_size"}
+    | {"concat", "stack", "split", "tile", "gather", "identity", "slice_update"}
+)
+# Ops whose outputs hold only values of their inputs (or |values|, or the larger of two): given
+# checked inputs of their own dtype, they cannot make a NaN or an overflow, so their outputs are
+# not checked again.
+PASS_ON = MOVES | {"abs", "maximum", "minimum", "relu", "select"}
+
 KERNEL, READ_STATE, UPDATE_STATE, WRITE_STATE, CONSTEXPR, OVERRIDDEN = range(6)
 # A KV cache update written into the state itself: read_state -> slice_update -> update_state.
 READ_STATE_SHARED, SLICE_UPDATE_IN_PLACE = 6, 7
@@ -50,6 +61,8 @@ class Step:
     frees: tuple[int, ...]  # slots last read here
     state: str = ""
     value: int = -1  # the slot a state op writes from
+    wide: bool = True  # widen fp16 operands to fp32 (False: a move, see MOVES)
+    checks: tuple[int, ...] = ()  # float output slots the non-finite check looks at
 
 
 @dataclass
@@ -148,6 +161,12 @@ def compile_plan(
             kind = OVERRIDDEN
         elif op_type.startswith("constexpr_"):
             kind = CONSTEXPR
+        dtypes = tuple(dtype_of(var.dtype) for var in op.outputs)
+        checks = tuple(
+            slot(var) for var, dtype in zip(op.outputs, dtypes, strict=True) if dtype.kind == "f"
+        )
+        if op_type in PASS_ON and _passes_checked_values(op, dtypes, dtype_of):
+            checks = ()
         plan.steps.append(
             Step(
                 index=index,
@@ -156,16 +175,32 @@ def compile_plan(
                 kernel=kernel,
                 params=params,
                 outputs=tuple(slot(var) for var in op.outputs),
-                dtypes=tuple(dtype_of(var.dtype) for var in op.outputs),
+                dtypes=dtypes,
                 shapes=tuple(static_shape(var) for var in op.outputs),
                 reads=reads,
                 frees=tuple(sorted({s for s in reads if last.get(s) == index})),
                 state=state,
                 value=value,
+                wide=op_type not in MOVES or kind != KERNEL,
+                checks=checks,
             )
         )
     fuse_state_updates(plan, set(outputs))
     return plan
+
+
+def _passes_checked_values(op: Any, dtypes: tuple[np.dtype, ...], dtype_of: Any) -> bool:
+    """Whether every float input of ``op`` is another op's (checked) output of the dtype of
+    every output: then its outputs are finite unless an input passes on an infinity."""
+    if any(dtype != dtypes[0] for dtype in dtypes):
+        return False
+    for var in input_vars(op):
+        dtype = dtype_of(var.dtype)
+        if dtype.kind != "f":
+            continue
+        if var.op is None or var.op.op_type == "const" or dtype != dtypes[0]:
+            return False
+    return True
 
 
 def fuse_state_updates(plan: Plan, outputs: set[int]) -> None:
