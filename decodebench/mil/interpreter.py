@@ -232,6 +232,8 @@ class Interpreter:
         self, step: Step, values: list[Any], states: dict[str, np.ndarray], plan: Plan
     ) -> Sequence[Any]:
         kind = step.kind
+        if step.function is not None:  # elementwise on floats (plan.elementwise)
+            return (step.function(*[np.asarray(widen(values[slot])) for slot in step.operands]),)
         if kind == KERNEL and not step.wide:  # a move: the values as they are
             raw = {
                 name: [values[item] for item in slot] if slot.__class__ is tuple else values[slot]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from decodebench.mil.ops_math import ELEMENTWISE
 from decodebench.mil.registry import KERNELS
 
 # fp16 weights widened to fp32 are kept up to this size, so each step does not widen them again
@@ -63,6 +64,8 @@ class Step:
     value: int = -1  # the slot a state op writes from
     wide: bool = True  # widen fp16 operands to fp32 (False: a move, see MOVES)
     checks: tuple[int, ...] = ()  # float output slots the non-finite check looks at
+    function: Any = None  # an elementwise op on floats: its NumPy function, called directly
+    operands: tuple[int, ...] = ()  # ... on these slots (x, or x and y)
 
 
 @dataclass
@@ -183,10 +186,23 @@ def compile_plan(
                 value=value,
                 wide=op_type not in MOVES or kind != KERNEL,
                 checks=checks,
+                **(elementwise(op, kernel, params, dtype_of) if kind == KERNEL else {}),
             )
         )
     fuse_state_updates(plan, set(outputs))
     return plan
+
+
+def elementwise(op: Any, kernel: Any, params: Any, dtype_of: Any) -> dict[str, Any]:
+    """The direct call of a registered elementwise kernel whose operands are all floats: the
+    same NumPy function on the same widened operands, without the kernel's argument lookups."""
+    found = ELEMENTWISE.get(op.op_type)
+    names = tuple(name for name, _ in params)
+    if found is None or found[0] is not kernel or names not in (("x",), ("x", "y")):
+        return {}
+    if any(dtype_of(var.dtype).kind != "f" for var in input_vars(op)):
+        return {}
+    return {"function": found[1], "operands": tuple(slot for _, slot in params)}
 
 
 def _passes_checked_values(op: Any, dtypes: tuple[np.dtype, ...], dtype_of: Any) -> bool:
