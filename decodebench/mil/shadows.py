@@ -16,6 +16,7 @@ interpreters: a caller writing into a state array in place must call :func:`forg
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -41,7 +42,7 @@ def track(storage: np.ndarray) -> None:
     if found is not None:
         _drop(key)
     _shadows[key] = (
-        weakref.ref(storage, lambda _, key=key: _drop(key)),
+        weakref.ref(storage, functools.partial(_dropped, key)),
         storage.astype(np.float32),
     )
     _bytes += 2 * storage.nbytes
@@ -66,6 +67,10 @@ def forget(storage: np.ndarray) -> None:
     """Drop a storage's shadow (after writing into it outside an interpreter)."""
     if shadow(storage) is not None:
         _drop(id(storage))
+
+
+def _dropped(key: int, _: object) -> None:
+    _drop(key)
 
 
 def _drop(key: int) -> None:
