@@ -212,13 +212,14 @@ class Interpreter:
                 ):
                     if value.__class__ is not ndarray:
                         value = np.asarray(value)
-                    array = value.astype(dtype, copy=False)
-                    if shape is not None and array.shape != shape:
+                    if value.dtype is not dtype:
+                        value = value.astype(dtype, copy=False)
+                    if shape is not None and value.shape != shape:
                         raise InterpreterError(
                             f"{op_location(step.op, step.index, self.function_name)} produced "
-                            f"shape {list(array.shape)}, the program declares {list(shape)}"
+                            f"shape {list(value.shape)}, the program declares {list(shape)}"
                         )
-                    values[slot] = array
+                    values[slot] = value
                 if check:
                     for slot in step.checks:
                         if not all_finite(values[slot]):
