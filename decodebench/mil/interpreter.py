@@ -23,6 +23,7 @@ import numpy as np
 from coremltools.converters.mil.mil import Program, types
 from numpy.typing import ArrayLike
 
+from decodebench.mil import shadows
 from decodebench.mil.blas import blas_threads
 from decodebench.mil.ops import KERNELS, OpArgs
 from decodebench.mil.ops_tensor import slices
@@ -188,38 +189,43 @@ class Interpreter:
         with blas_threads(self.blas_threads):
             self._run_plan(plan, values, states)
         return {
-            name: values[slot] if constant is None else constant
+            name: _owned(values[slot]) if constant is None else constant
             for name, slot, constant in plan.outputs
         }
 
     def _run_plan(self, plan: Plan, values: list[Any], states: dict[str, np.ndarray]) -> None:
         settle = any(step.kind == CONSTEXPR for step in plan.steps)
-        for step in plan.steps:
-            try:
-                results = self._step(step, values, states, plan)
-            except MilError:
-                raise
-            except Exception as error:  # a kernel failed: say where, keep the cause
-                location = op_location(step.op, step.index, self.function_name)
-                raise InterpreterError(f"{location} failed: {error}") from error
-            for slot, dtype, shape, value in zip(
-                step.outputs, step.dtypes, step.shapes, results, strict=True
-            ):
-                with np.errstate(over="ignore"):  # an overflow is reported by _check_finite
-                    array = np.asarray(value).astype(dtype, copy=False)
-                if shape is not None and array.shape != shape:
-                    raise InterpreterError(
-                        f"{op_location(step.op, step.index, self.function_name)} produced "
-                        f"shape {list(array.shape)}, the program declares {list(shape)}"
-                    )
-                values[slot] = array
-            if self.check_finite:
-                for slot in step.outputs:
-                    array = values[slot]
-                    if array.dtype.kind == "f" and not all_finite(array):
-                        self._non_finite(step, slot, values)
-            for slot in step.frees:
-                values[slot] = None
+        check = self.check_finite
+        ndarray = np.ndarray
+        # An overflow (to fp16 when an output is rounded) is reported by the non-finite check.
+        with np.errstate(over="ignore"):
+            for step in plan.steps:
+                try:
+                    results = self._step(step, values, states, plan)
+                except MilError:
+                    raise
+                except Exception as error:  # a kernel failed: say where, keep the cause
+                    location = op_location(step.op, step.index, self.function_name)
+                    raise InterpreterError(f"{location} failed: {error}") from error
+                for slot, dtype, shape, value in zip(
+                    step.outputs, step.dtypes, step.shapes, results, strict=True
+                ):
+                    if value.__class__ is not ndarray:
+                        value = np.asarray(value)
+                    if value.dtype is not dtype:
+                        value = value.astype(dtype, copy=False)
+                    if shape is not None and value.shape != shape:
+                        raise InterpreterError(
+                            f"{op_location(step.op, step.index, self.function_name)} produced "
+                            f"shape {list(value.shape)}, the program declares {list(shape)}"
+                        )
+                    values[slot] = value
+                if check:
+                    for slot in step.checks:
+                        if not all_finite(values[slot]):
+                            self._non_finite(step, slot, values)
+                for slot in step.frees:
+                    values[slot] = None
         if settle:
             settle_constexpr(plan, values)
 
@@ -227,6 +233,15 @@ class Interpreter:
         self, step: Step, values: list[Any], states: dict[str, np.ndarray], plan: Plan
     ) -> Sequence[Any]:
         kind = step.kind
+        if step.function is not None:  # elementwise on floats (plan.elementwise)
+            return (step.function(*[np.asarray(widen(values[slot])) for slot in step.operands]),)
+        if kind == KERNEL and not step.wide:  # a move: the values as they are
+            raw = {
+                name: [values[item] for item in slot] if slot.__class__ is tuple else values[slot]
+                for name, slot in step.params
+            }
+            result = step.kernel(OpArgs(step.op, raw, step.shapes))
+            return result if isinstance(result, tuple) else (result,)
         if kind == KERNEL or kind == CONSTEXPR:
             operands: dict[str, Any] = {}
             for name, slot in step.params:
@@ -235,7 +250,8 @@ class Interpreter:
                 else:
                     value = values[slot]
                     if value.__class__ is np.ndarray and value.dtype == FP16:
-                        value = value.astype(np.float32)
+                        wide = shadows.shadow(value)  # a KV cache's fp32 copy
+                        value = value.astype(np.float32) if wide is None else wide
                     elif value.__class__ is np.float16:
                         value = np.float32(value)
                     operands[name] = value
@@ -248,6 +264,7 @@ class Interpreter:
             stored, spec = states[name], self.states[name]
             shared = isinstance(stored, np.ndarray) and stored.flags.writeable
             if shared and stored.dtype == step.dtypes[0] == spec.dtype:
+                shadows.track(stored)
                 return (stored,)
             return (stored.copy(),)  # a state stored otherwise: updated the usual way
         if kind == SLICE_UPDATE_IN_PLACE:
@@ -268,6 +285,7 @@ class Interpreter:
         index = slices(OpArgs(step.op, operands, step.shapes), target.shape)
         with np.errstate(over="ignore"):
             target[index] = np.asarray(values[params["update"]]).reshape(target[index].shape)
+        shadows.write(target, index)
         return target
 
     def _checked_state(self, step: Step) -> str:
@@ -365,6 +383,13 @@ class Interpreter:
             return self._state_names[id(var)]
         except KeyError:
             raise InterpreterError(f"{var.name!r} is not a state of this function") from None
+
+
+def _owned(value: Any) -> Any:
+    """An output not sharing memory with a state, its shadow or a constant."""
+    if isinstance(value, np.ndarray) and not value.flags.owndata:
+        return value.copy()
+    return value
 
 
 def _has_infinity(value: Any) -> bool:

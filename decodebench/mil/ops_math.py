@@ -44,8 +44,13 @@ def _binary(function: Callable[[Any, Any], Any]) -> Kernel:
     return run
 
 
+# op type -> (its kernel, the NumPy function it applies to its operands): the plan calls the
+# function directly when an op's operands are floats (decodebench.mil.plan.elementwise).
+ELEMENTWISE: dict[str, tuple[Kernel, Callable[..., Any]]] = {}
+
 for _name, _function in _BINARY.items():
     KERNELS[_name] = _binary(_function)
+    ELEMENTWISE[_name] = (KERNELS[_name], _function)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -80,6 +85,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 for _name, _unary in _UNARY.items():
     KERNELS[_name] = (lambda function: lambda args: function(np.asarray(args["x"])))(_unary)
+    ELEMENTWISE[_name] = (KERNELS[_name], _unary)
 
 
 @kernel("rsqrt")

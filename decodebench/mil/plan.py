@@ -21,13 +21,26 @@ from typing import Any
 
 import numpy as np
 
+from decodebench.mil.ops_math import ELEMENTWISE
 from decodebench.mil.registry import KERNELS
 
 # fp16 weights widened to fp32 are kept up to this size, so each step does not widen them again
 # (half the time of a step otherwise); larger models widen the rest on every use.
 WIDE_CONSTANT_BUDGET = 2 * 2**30
 FP16 = np.dtype(np.float16)
+SMALL = 1024  # up to this many values, isfinite beats the exponent-bits check (2.5x at 1 value)
 FP32 = np.dtype(np.float32)
+
+# Ops that only move, pick or copy values: computed on their inputs as they are (an fp16 tensor
+# widened to fp32 and rounded back is the same tensor, so skipping both changes no bit).
+MOVES = frozenset(
+    {"reshape", "transpose", "expand_dims", "squeeze", "slice_by_index", "slice_by_size"}
+    | {"concat", "stack", "split", "tile", "gather", "identity", "slice_update"}
+)
+# Ops whose outputs hold only values of their inputs (or |values|, or the larger of two): given
+# checked inputs of their own dtype, they cannot make a NaN or an overflow, so their outputs are
+# not checked again.
+PASS_ON = MOVES | {"abs", "maximum", "minimum", "relu", "select"}
 
 KERNEL, READ_STATE, UPDATE_STATE, WRITE_STATE, CONSTEXPR, OVERRIDDEN = range(6)
 # A KV cache update written into the state itself: read_state -> slice_update -> update_state.
@@ -50,6 +63,10 @@ class Step:
     frees: tuple[int, ...]  # slots last read here
     state: str = ""
     value: int = -1  # the slot a state op writes from
+    wide: bool = True  # widen fp16 operands to fp32 (False: a move, see MOVES)
+    checks: tuple[int, ...] = ()  # float output slots the non-finite check looks at
+    function: Any = None  # an elementwise op on floats: its NumPy function, called directly
+    operands: tuple[int, ...] = ()  # ... on these slots (x, or x and y)
 
 
 @dataclass
@@ -148,6 +165,12 @@ def compile_plan(
             kind = OVERRIDDEN
         elif op_type.startswith("constexpr_"):
             kind = CONSTEXPR
+        dtypes = tuple(dtype_of(var.dtype) for var in op.outputs)
+        checks = tuple(
+            slot(var) for var, dtype in zip(op.outputs, dtypes, strict=True) if dtype.kind == "f"
+        )
+        if op_type in PASS_ON and _passes_checked_values(op, dtypes, dtype_of):
+            checks = ()
         plan.steps.append(
             Step(
                 index=index,
@@ -156,16 +179,45 @@ def compile_plan(
                 kernel=kernel,
                 params=params,
                 outputs=tuple(slot(var) for var in op.outputs),
-                dtypes=tuple(dtype_of(var.dtype) for var in op.outputs),
+                dtypes=dtypes,
                 shapes=tuple(static_shape(var) for var in op.outputs),
                 reads=reads,
                 frees=tuple(sorted({s for s in reads if last.get(s) == index})),
                 state=state,
                 value=value,
+                wide=op_type not in MOVES or kind != KERNEL,
+                checks=checks,
+                **(elementwise(op, kernel, params, dtype_of) if kind == KERNEL else {}),
             )
         )
     fuse_state_updates(plan, set(outputs))
     return plan
+
+
+def elementwise(op: Any, kernel: Any, params: Any, dtype_of: Any) -> dict[str, Any]:
+    """The direct call of a registered elementwise kernel whose operands are all floats: the
+    same NumPy function on the same widened operands, without the kernel's argument lookups."""
+    found = ELEMENTWISE.get(op.op_type)
+    names = tuple(name for name, _ in params)
+    if found is None or found[0] is not kernel or names not in (("x",), ("x", "y")):
+        return {}
+    if any(dtype_of(var.dtype).kind != "f" for var in input_vars(op)):
+        return {}
+    return {"function": found[1], "operands": tuple(slot for _, slot in params)}
+
+
+def _passes_checked_values(op: Any, dtypes: tuple[np.dtype, ...], dtype_of: Any) -> bool:
+    """Whether every float input of ``op`` is another op's (checked) output of the dtype of
+    every output: then its outputs are finite unless an input passes on an infinity."""
+    if any(dtype != dtypes[0] for dtype in dtypes):
+        return False
+    for var in input_vars(op):
+        dtype = dtype_of(var.dtype)
+        if dtype.kind != "f":
+            continue
+        if var.op is None or var.op.op_type == "const" or dtype != dtypes[0]:
+            return False
+    return True
 
 
 def fuse_state_updates(plan: Plan, outputs: set[int]) -> None:
@@ -220,11 +272,10 @@ def settle_constexpr(plan: Plan, values: list[Any]) -> None:
 
 
 def all_finite(array: np.ndarray) -> bool:
-    """Whether a float array holds only finite values, in one cheap pass: fp16 by its exponent
-    bits (all ones is an infinity or a NaN), which costs a tenth of widening it."""
-    if array.dtype == FP16:
-        if not array.size:
-            return True
+    """Whether a float array holds only finite values, in one cheap pass: a large fp16 array by
+    its exponent bits (all ones is an infinity or a NaN: a tenth of widening it), anything else
+    by ``isfinite`` (for a few hundred values the call costs more than the values)."""
+    if array.dtype == FP16 and array.size > SMALL:
         return int((array.view(np.uint16) & 0x7C00).max()) != 0x7C00
     return bool(np.isfinite(array).all())
 

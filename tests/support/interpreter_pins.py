@@ -3,7 +3,7 @@
 ``python -m tests.support.interpreter_pins`` (from the repository root, with ``PYTHONPATH=.``) runs the
 interpreter on
 
-- every op case of ``tests/test_mil_interpreter.py``, with fp32 inputs and again with fp16 inputs
+- every op case of ``tests/decodebench/mil/test_interpreter.py``, with fp32 inputs and again with fp16 inputs
   (an fp16 program rounds every intermediate);
 - the project's tiny builds (fp16, 8-bit and 4-bit weights, both attention layouts), decoding a
   short prompt then greedy tokens: every position's logits;
@@ -11,7 +11,7 @@ interpreter on
   build): the tokens, and a SHA-256 of every position's logits;
 
 and writes them to ``tests/data/interpreter_pins.npz`` and ``interpreter_pins.json``.
-``tests/test_mil_interpreter_equality.py`` runs the same programs and asks for the same bits.
+``tests/decodebench/mil/test_interpreter_equality.py`` runs the same programs and asks for the same bits.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SMOLLM2_STEPS = 8
 
 def op_cases() -> Iterator[tuple[str, Any, tuple[np.ndarray, ...]]]:
     """Every op case of the interpreter tests, fp32 then (float inputs) fp16."""
-    from tests.test_mil_interpreter import CASES
+    from tests.decodebench.mil.test_interpreter import CASES
 
     for name in sorted(CASES):
         build, arrays, _ = CASES[name]
@@ -55,7 +55,7 @@ def op_cases() -> Iterator[tuple[str, Any, tuple[np.ndarray, ...]]]:
 
 
 def run_op_case(build: Any, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
-    from tests.test_mil_interpreter import run
+    from tests.decodebench.mil.test_interpreter import run
 
     return run(build, *arrays)
 
