@@ -17,11 +17,11 @@ from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage
 from decodebench.building.build import (
     PACKAGE_NAME,
     REPORT_NAME,
-    STAGE_WEIGHTS,
     build_variant,
     load_report,
     toolchain_versions,
 )
+from decodebench.building.job import STAGE_WEIGHTS
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import Attention, VariantSpec, build_key
 from decodebench.contracts.presets import TINY_GQA
