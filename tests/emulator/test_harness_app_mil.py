@@ -23,7 +23,7 @@ from agent.drivers.emulated import EmulatedDriver, driver_for_fleet
 from agent.runner import build_job, check_result
 from decodebench.artifacts import pack_directory
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.protocol import DeviceInfo, RunAssignment
+from decodebench.contracts.protocol import DeviceInfo
 from decodebench.contracts.results import RunResult
 from decodebench.harness import (
     DONE_MARKER,
@@ -34,6 +34,7 @@ from decodebench.harness import (
 )
 from emulator.fleet import EmulatedFleet
 from emulator.ipa import make_harness_ipa
+from tests.support.emulated import assignment as support_assignment
 
 pytestmark = pytest.mark.slow  # converts real tiny-gqa builds with coremltools
 
@@ -97,22 +98,7 @@ def driver(
 def run(
     driver: EmulatedDriver, device: DeviceInfo, build: Build, prompts: int = 1, tokens: int = 3
 ) -> RunResult:
-    assignment = RunAssignment(
-        run_id=9,
-        sweep_id=1,
-        build_id=1,
-        model="tiny-gqa",
-        variant=build.variant,
-        variant_label=build.variant.label,
-        device_class=device.device_class,
-        prompts=prompts,
-        decode_tokens=tokens,
-        artifact_sha256=build.artifact.stem,
-        artifact_url="",
-        bytes_per_token=build.bytes_per_token,
-        lease_expires_at="2030-01-01T00:00:00+00:00",
-        lease_seconds=120,
-    )
+    assignment = support_assignment(build, device, run_id=9, prompts=prompts, tokens=tokens)
     job = build_job(assignment, device)
     # short prompts: every step goes through the interpreter
     job = job.model_copy(
@@ -187,22 +173,7 @@ def test_a_job_gone_before_launch_fails_at_once_instead_of_at_the_timeout(
     device = emulated.discover()[0]
     build = builds["state"]
     job = build_job(
-        RunAssignment(
-            run_id=12,
-            sweep_id=1,
-            build_id=1,
-            model="tiny-gqa",
-            variant=build.variant,
-            variant_label=build.variant.label,
-            device_class=device.device_class,
-            prompts=1,
-            decode_tokens=2,
-            artifact_sha256=build.artifact.stem,
-            artifact_url="",
-            bytes_per_token=build.bytes_per_token,
-            lease_expires_at="2030-01-01T00:00:00+00:00",
-            lease_seconds=120,
-        ),
+        support_assignment(build, device, run_id=12, prompts=1, tokens=2),
         device,
     )
     emulated.prepare(device)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from agent.drivers.base import Cancellation, run_on_device
 from agent.drivers.emulated import EmulatedDriver
@@ -33,8 +34,16 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 15.0
         time.sleep(0.02)
 
 
+class Built(Protocol):
+    """What an assignment reads of a build (any test's record of one)."""
+
+    variant: VariantSpec
+    artifact: Path
+    bytes_per_token: int
+
+
 def assignment(
-    build: Build, device: DeviceInfo, run_id: int = 11, prompts: int = 3, tokens: int = 4
+    build: Built, device: DeviceInfo, run_id: int = 11, prompts: int = 3, tokens: int = 4
 ) -> RunAssignment:
     return RunAssignment(
         run_id=run_id,
