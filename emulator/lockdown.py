@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from emulator.device import LOCKDOWN_PORT, EmulatedDevice, ServiceHandler
-from emulator.services import SERVICES, needs_developer_image, uses_tls
+from emulator.services import SERVICES, needs_developer_image, tunnel_only, uses_tls
 from emulator.wire import read_plist, write_plist
 
 LOCKDOWN_TYPE = "com.apple.mobile.lockdown"
@@ -70,6 +70,8 @@ async def serve_lockdown(
                 response["Error"] = "InvalidService"
             elif needs_developer_image(service) and device.mounted_image is None:
                 response["Error"] = "InvalidService"  # as on a phone without its DDI mounted
+            elif tunnel_only(service, device.major_version):
+                response["Error"] = "InvalidService"  # iOS 17+: only through the tunnel
             else:
                 response.update(
                     Service=service,

@@ -7,7 +7,8 @@
 - ``com.apple.syslog_relay``: the device log, lines ending in ``\\n\\0``;
 - ``com.apple.mobile.mobile_image_mounter``: the developer disk image (``mounter``);
 - ``com.apple.instruments.remoteserver.DVTSecureSocketProxy``: DVT process control over TLS
-  (``instruments``), offered only once the developer disk image is mounted.
+  (``instruments``), offered only once the developer disk image is mounted, and only before
+  iOS 17: from 17 lockdown refuses it as iOS does, and DVT is reached through the tunnel.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from emulator.device import EmulatedDevice
 
 SYSLOG_LINE_END = b"\n\x00"
+# The first iOS whose developer services are reached through the tunnel only.
+TUNNEL_ONLY_FROM = 17
 
 
 async def serve_afc(
@@ -194,6 +197,13 @@ SERVICES: dict[str, ServiceHandler] = {
 
 def needs_developer_image(service: str) -> bool:
     return service == LOCKDOWN_SERVICE
+
+
+def tunnel_only(service: str, major_version: int) -> bool:
+    """Developer services that iOS 17+ serves only through the RemoteXPC tunnel (RSD, as
+    ``com.apple.instruments.dtservicehub``): lockdown answers ``InvalidService`` for them even
+    with the disk image mounted, so a host that reaches for lockdown DVT fails on a real phone."""
+    return major_version >= TUNNEL_ONLY_FROM and needs_developer_image(service)
 
 
 def uses_tls(service: str) -> bool:

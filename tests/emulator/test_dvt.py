@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -203,6 +206,44 @@ def test_ios_18_goes_through_tunneld_and_remote_service_discovery(
 
     asyncio.run(scenario())
     assert device.mounted_image == "Personalized"
+
+
+def proclist(fleet: EmulatedFleet, device: EmulatedDevice) -> subprocess.CompletedProcess[str]:
+    """pymobiledevice3's own `developer dvt proclist`, over lockdown (no tunnel, no RSD)."""
+    command = ["developer", "dvt", "proclist", "--usbmux", fleet.address, "--udid", device.udid]
+    return subprocess.run(
+        [sys.executable, "-m", "pymobiledevice3", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_lockdown_dvt_is_refused_from_ios_17_as_on_a_real_phone(
+    fleet: EmulatedFleet, tmp_path: Path
+) -> None:
+    """iOS 17+ serves its developer services only through the tunnel: a host that reached for
+    lockdown DVT would pass here and fail on the first real phone, so the emulator refuses it."""
+    old = fleet.add("iphone-16-pro", [IOS16, "ddi-mounted"])
+    new = fleet.add("iphone-16-pro", ["ddi-mounted"])  # iOS 18, disk image mounted
+    fleet.start()
+
+    listed = proclist(fleet, old)
+    assert listed.returncode == 0, listed.stderr
+    assert isinstance(json.loads(listed.stdout), list)  # the process list, empty here
+
+    refused = proclist(fleet, new)  # lockdown answers InvalidService: the CLI, as against a
+    assert refused.returncode != 0  # real iOS 17+ phone, gives up on lockdown for a tunnel
+    assert "developer command on an iOS 17+ device" in refused.stderr
+
+    async def through_the_library() -> None:
+        async with lockdown(fleet, new) as client:
+            with pytest.raises(InvalidServiceError):
+                async with DvtProvider(client):
+                    pass
+
+    asyncio.run(through_the_library())
+    assert new.mounted_image == "Personalized"  # refused with the image mounted
 
 
 def test_a_dropped_tunnel_and_a_denied_launch_carry_their_device_status(
