@@ -330,7 +330,7 @@ class Topology:
             "server",
             "server",
             [sys.executable, "-m", "server", "--host", self.hosts["server"].address,
-             "--port", str(SERVER_PORT), "--no-access-log"],
+             "--port", str(SERVER_PORT)],
             self.server_env(),
         )  # fmt: skip
         self._wait(lambda: self.health() == 200, "the server's /api/v1/health")
