@@ -5,8 +5,10 @@
     sudo python scripts/topology.py down      # kill every process, delete every namespace
 
 Hosts (namespace ``<prefix>-<host>``, address ``<subnet>.N``): ``db`` (its own PostgreSQL
-cluster and redis-server), ``server`` (`python -m server --workers 2`), ``builder`` (a Celery
-worker and beat), ``lab1`` and ``lab2`` (one agent each with emulated iPhones). Each host's
+cluster and redis-server), ``server`` (`python -m server --workers 2`, and Celery beat),
+``builder`` (a Celery worker), ``lab1`` and ``lab2`` (one agent each with emulated iPhones,
+their usbmuxd on the lab's own loopback). Start order: db, server (migrate, tokens), beat,
+builders, labs. Each host's
 veth joins a bridge in the machine's own namespace, which plays the operator's desk: it reaches
 the server's API and, for checks, the database. Each host has its own root directory
 (``<root>/<host>``: home, temporary files, work folders, logs) and its own loopback, so a role
@@ -100,7 +102,10 @@ class Topology:
     root: Path = DEFAULT_ROOT
     prefix: str = DEFAULT_PREFIX
     subnet: str = DEFAULT_SUBNET
-    labs: tuple[str, ...] = ("lab1", "lab2")
+    # each lab host and the device classes of its emulated iPhones
+    labs: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: {"lab1": DEVICES, "lab2": DEVICES}
+    )
     builders: tuple[str, ...] = ("builder",)
     # DECODEBENCH_* settings of the server processes (short leases for the partition tests)
     server_settings: dict[str, str] = field(default_factory=dict)
@@ -312,7 +317,7 @@ class Topology:
         manage = [sys.executable, "-m", "server.manage"]
         self.run_on("server", [*manage, "prestart", "--timeout", "60"], self.server_env())
         wanted = [("user", "operator")]
-        wanted += [("worker", name) for name in self.builders]
+        wanted += [("worker", name) for name in (*self.builders, "beat")]
         wanted += [("agent", name) for name in self.labs]
         for kind, name in wanted:
             token = f"dbk_{kind}_{secrets.token_urlsafe(18)}"
@@ -343,44 +348,46 @@ class Topology:
         except httpx.HTTPError:
             return None
 
-    def worker_env(self, builder: str) -> dict[str, str]:
+    def worker_env(self, host: str, name: str) -> dict[str, str]:
         return self.env(
-            builder,
+            host,
             DECODEBENCH_BROKER_URL=self.broker_url,
             DECODEBENCH_SERVER_URL=self.server_url,
-            DECODEBENCH_WORKER_TOKEN=self.tokens[builder],
-            DECODEBENCH_WORK_DIR=str(self.hosts[builder].root / "work"),
-            DECODEBENCH_WORKER_NAME=builder,
+            DECODEBENCH_WORKER_TOKEN=self.tokens[name],
+            DECODEBENCH_WORK_DIR=str(self.hosts[host].root / "work"),
+            DECODEBENCH_WORKER_NAME=name,
             DECODEBENCH_RECONCILE_INTERVAL_S=str(self.reconcile_interval_s),
         )
 
-    def start_builder(self, builder: str, beat: bool) -> None:
-        """A Celery worker (one build at a time) and, on the first builder, beat."""
-        celery = [sys.executable, "-m", "celery", "-A", "worker.app"]
+    def start_builder(self, builder: str) -> None:
+        """A Celery worker, one build at a time; it also runs beat's reconcile messages."""
         self._spawn(
             builder,
             "worker",
-            [*celery, "worker", "--loglevel", "INFO", "--pool", "solo", "--queues", "builds",
-             "--without-heartbeat", "--without-gossip", "--without-mingle",
-             "--hostname", f"{builder}@%h"],
-            self.worker_env(builder),
+            [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "--loglevel", "INFO",
+             "--pool", "solo", "--queues", "builds", "--without-heartbeat", "--without-gossip",
+             "--without-mingle", "--hostname", f"{builder}@%h"],
+            self.worker_env(builder, builder),
         )  # fmt: skip
-        if beat:
-            self._spawn(
-                builder,
-                "beat",
-                [*celery, "beat", "--loglevel", "INFO",
-                 "--schedule", str(self.hosts[builder].root / "beat-schedule")],
-                self.worker_env(builder),
-            )  # fmt: skip
+
+    def start_beat(self) -> None:
+        """Beat, one per farm, on the server host: it only sends (reconcile, schedule ticks) to
+        the broker, and a builder cut off from the network must not take it along."""
+        self._spawn(
+            "server",
+            "beat",
+            [sys.executable, "-m", "celery", "-A", "worker.app", "beat", "--loglevel", "INFO",
+             "--schedule", str(self.hosts["server"].root / "beat-schedule")],
+            self.worker_env("server", "beat"),
+        )  # fmt: skip
 
     def start_lab(self, lab: str) -> None:
-        """One agent serving emulated iPhones (its usbmuxd on the lab host's own loopback)."""
+        """One agent serving emulated iPhones (their usbmuxd on the lab host's own loopback)."""
         self._spawn(
             lab,
             "agent",
             [sys.executable, "-m", "agent", "--name", lab, "--driver", "emulated",
-             "--simulated", ",".join(DEVICES), "--work-dir", str(self.hosts[lab].root / "work"),
+             "--simulated", ",".join(self.labs[lab]), "--work-dir", str(self.hosts[lab].root / "work"),
              "--poll-interval", "0.5", *self.agent_args],
             self.env(
                 lab,
@@ -390,7 +397,7 @@ class Topology:
         )  # fmt: skip
 
     def up(self) -> None:
-        """Start order: database, server (migrate, tokens), builders and beat, labs."""
+        """Start order: database, server (migrate, tokens), beat, builders, labs."""
         self.down(quiet=True)
         if self.root.exists():
             shutil.rmtree(self.root)
@@ -399,8 +406,9 @@ class Topology:
         self.start_database()
         self.prepare()
         self.start_server()
-        for index, builder in enumerate(self.builders):
-            self.start_builder(builder, beat=index == 0)
+        self.start_beat()
+        for builder in self.builders:
+            self.start_builder(builder)
         for lab in self.labs:
             self.start_lab(lab)
         (self.root / "tokens.json").write_text(json.dumps(self.tokens, indent=1))
