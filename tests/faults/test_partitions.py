@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -95,3 +96,205 @@ def test_server_cut_off_from_the_database_answers_503_with_retry_after_then_resu
     assert (
         topology.sql("SELECT count(*) FROM sweeps")[0][0] == sweeps_before
     )  # nothing half-written
+
+
+FOLDED = {
+    "model": "tiny-gqa",
+    "variants": [{"attention": "folded", "context": 128}],
+    "devices": ["iphone-16-pro", "iphone-17-pro"],
+    "prompts": 3,
+    "decode_tokens": 4,
+    "repetitions": 2,
+}
+
+
+def _submit(topology: Topology, spec: dict) -> int:
+    with topology.client() as client:
+        answer = client.post("/api/v1/sweeps", json=spec)
+        assert answer.status_code == 201, answer.text
+        return int(answer.json()["id"])
+
+
+def _sweep_state(topology: Topology, sweep_id: int) -> str:
+    return str(topology.sql("SELECT state FROM sweeps WHERE id = %(id)s", id=sweep_id)[0][0])
+
+
+def _runs(topology: Topology, sweep_id: int) -> dict[int, tuple[str, str, str | None, int]]:
+    """Each run: device class, state, the agent (lab) holding or having run it, attempts."""
+    rows = topology.sql(
+        "SELECT r.id, r.device_class, r.state, a.name, r.attempts FROM runs r "
+        "LEFT JOIN agents a ON a.id = r.agent_id WHERE r.sweep_id = %(id)s ORDER BY r.id",
+        id=sweep_id,
+    )
+    return {row[0]: tuple(row[1:]) for row in rows}  # type: ignore[misc]
+
+
+def _assert_complete_and_stored_once(topology: Topology, sweep_id: int, spec: dict) -> None:
+    runs = _runs(topology, sweep_id)
+    assert _sweep_state(topology, sweep_id) == "completed", runs
+    assert {state for _, state, _, _ in runs.values()} == {"succeeded"}, runs
+    stored, distinct = topology.sql(
+        "SELECT count(*), count(DISTINCT (p.run_id, p.prompt_index)) FROM prompt_results p "
+        "JOIN runs r ON r.id = p.run_id WHERE r.sweep_id = %(id)s",
+        id=sweep_id,
+    )[0]
+    assert stored == distinct == len(runs) * spec["prompts"]
+
+
+def _outbox(topology: Topology, lab: str) -> list[Path]:
+    return sorted((topology.hosts[lab].root / "work" / "outbox").glob("*-run-*.json"))
+
+
+def test_a_lab_cut_off_mid_run_delivers_late_results_accepted_or_refused_once(
+    clean: Topology,
+) -> None:
+    topology = clean
+    sweep_id = _submit(topology, FOLDED)
+
+    def held_by_lab1() -> dict[str, int]:
+        return {
+            device_class: run_id
+            for run_id, (device_class, state, lab, _) in _runs(topology, sweep_id).items()
+            if lab == "lab1" and state == "running"
+        }
+
+    wait_for(lambda: len(held_by_lab1()) == 2, "lab1 runs on both phones", 180, topology)
+    topology.cut("lab1")
+    try:
+        held = held_by_lab1()
+        own, moved = held["iphone-17-pro"], held["iphone-16-pro"]
+        # lab2 (an iPhone 16 Pro only) takes over the 16 Pro run once its lease has run out;
+        # lab1 goes on measuring both into its outbox
+        wait_for(
+            lambda: _runs(topology, sweep_id)[moved][2] == "lab2",
+            "lab2 claims lab1's iPhone 16 Pro run",
+            60,
+            topology,
+        )
+        wait_for(
+            lambda: (
+                {int(p.name.split("-run-")[1][:-5]) for p in _outbox(topology, "lab1")}
+                >= {own, moved}
+            ),
+            "lab1 has measured both runs into its outbox",
+            90,
+            topology,
+        )
+        assert _runs(topology, sweep_id)[own][1] == "queued"  # its lease ran out too
+    finally:
+        topology.mend("lab1")
+    wait_for(lambda: _sweep_state(topology, sweep_id) == "completed", "the sweep completes", 120,
+             topology)  # fmt: skip
+    runs = _runs(topology, sweep_id)
+    assert runs[own][2] == "lab1" and runs[own][3] == 1  # accepted: still its own, run once
+    assert runs[moved][2] == "lab2"  # moved on: measured by lab2, lab1's results refused
+    log = topology.log("lab1", "agent")
+    assert f"delivered the results of run {own}" in log
+    assert f"refused the results of run {moved}" in log
+    reasons = [
+        row[0]
+        for row in topology.sql(
+            "SELECT reason FROM transitions WHERE entity = 'run' AND entity_id = %(id)s "
+            "ORDER BY id",
+            id=own,
+        )
+    ]
+    assert any("lease expired" in reason for reason in reasons), reasons
+    assert reasons[-1].endswith("after its lease expired"), reasons
+    _assert_complete_and_stored_once(topology, sweep_id, FOLDED)
+    assert _outbox(topology, "lab1") == []
+
+
+def test_the_builder_cut_off_mid_build_loses_its_build_to_another_and_is_refused_late(
+    clean: Topology,
+) -> None:
+    topology = clean
+    spec = {**FOLDED, "variants": [{"attention": "folded", "context": 256}], "repetitions": 1}
+    sweep_id = _submit(topology, spec)
+    (build_id,) = {
+        row[0]
+        for row in topology.sql("SELECT build_id FROM runs WHERE sweep_id = %(id)s", id=sweep_id)
+    }
+
+    def build() -> tuple[str, str | None, int]:
+        row = topology.sql(
+            "SELECT state, worker, attempts FROM builds WHERE id = %(id)s", id=build_id
+        )[0]
+        return row[0], row[1], row[2]
+
+    wait_for(lambda: build()[0] == "building", "a builder starts the build", 60, topology)
+    first = build()[1]
+    assert first in ("builder", "builder2")
+    topology.cut(first)
+    try:
+        wait_for(lambda: build()[0] == "succeeded", "the other builder builds it", 150, topology)
+        state, second, attempts = build()
+        assert second != first and attempts == 2
+        # the first builder kept converting; its report waits for the link
+        wait_for(
+            lambda: "trying again" in topology.log(first, "worker"),
+            f"{first} finishes and tries to report",
+            120,
+            topology,
+        )
+    finally:
+        topology.mend(first)
+    wait_for(
+        lambda: "completion refused" in topology.log(first, "worker"),
+        f"{first}'s late completion is refused",
+        60,
+        topology,
+    )
+    assert build()[:2] == ("succeeded", second)  # the late report changed nothing
+    wait_for(lambda: _sweep_state(topology, sweep_id) == "completed", "the sweep completes", 120,
+             topology)  # fmt: skip
+    _assert_complete_and_stored_once(topology, sweep_id, spec)
+
+
+def test_agents_cut_off_longer_than_a_lease_come_back_and_the_queue_drains(
+    clean: Topology,
+) -> None:
+    topology = clean
+    spec = {**FOLDED, "repetitions": 3}
+    sweep_id = _submit(topology, spec)
+    wait_for(
+        lambda: any(state == "running" for _, state, _, _ in _runs(topology, sweep_id).values()),
+        "runs in flight",
+        120,
+        topology,
+    )
+    for lab in topology.labs:
+        topology.cut(lab)
+    try:
+        time.sleep(3 * 4)  # three leases
+        assert _no_lease_left(topology, sweep_id)
+    finally:
+        for lab in topology.labs:
+            topology.mend(lab)
+    wait_for(lambda: _sweep_state(topology, sweep_id) == "completed", "the queue drains", 180,
+             topology)  # fmt: skip
+    _assert_complete_and_stored_once(topology, sweep_id, spec)
+
+    # every phone is back: connected and ready (its status follows the next heartbeat)
+    def devices() -> list[tuple[str, str, bool]]:
+        return [tuple(row) for row in topology.sql("SELECT udid, status, connected FROM devices")]  # type: ignore[misc]
+
+    wait_for(
+        lambda: len(devices()) == 3 and {row[1:] for row in devices()} == {("ready", True)},
+        "the three phones read ready and connected",
+        30,
+        topology,
+    )
+    for lab in topology.labs:
+        assert _outbox(topology, lab) == []
+
+
+def _no_lease_left(topology: Topology, sweep_id: int) -> bool:
+    """Leases are given back when an agent next talks to the server; with every agent away a
+    run may still read running, but no lease is current by the database's clock."""
+    rows = topology.sql(
+        "SELECT count(*) FROM runs WHERE sweep_id = %(id)s AND state = 'running' "
+        "AND lease_expires_at > now()",
+        id=sweep_id,
+    )
+    return rows[0][0] == 0
