@@ -57,6 +57,31 @@ SWEEP: dict[str, Any] = {
 }
 
 
+SHIFTED_CLOCK = """\
+# This host's wall clock, {offset:+g} s off (scripts/topology.py clock_offsets_s).
+import datetime as _datetime
+import time as _time
+
+_OFFSET = {offset!r}
+_time_time, _time_time_ns = _time.time, _time.time_ns
+_time.time = lambda: _time_time() + _OFFSET
+_time.time_ns = lambda: _time_time_ns() + int(_OFFSET * 1e9)
+
+
+class _ShiftedDatetime(_datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return super().now(tz) + _datetime.timedelta(seconds=_OFFSET)
+
+    @classmethod
+    def utcnow(cls):
+        return super().utcnow() + _datetime.timedelta(seconds=_OFFSET)
+
+
+_datetime.datetime = _ShiftedDatetime
+"""
+
+
 def _pg_bin() -> Path:
     """The newest installed PostgreSQL's binaries (Debian layout), else the ones on PATH."""
     versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
@@ -111,6 +136,10 @@ class Topology:
     server_settings: dict[str, str] = field(default_factory=dict)
     agent_args: tuple[str, ...] = ()
     reconcile_interval_s: float = 60.0
+    # hosts whose processes read a wall clock this many seconds off (their time.time and
+    # datetime.now, through a sitecustomize on the host's PYTHONPATH): the kernel's clock is one
+    # for every namespace, and a time namespace moves only the monotonic clocks
+    clock_offsets_s: dict[str, float] = field(default_factory=dict)
     # tests: role processes get SIGTERM when the process that started them dies
     attached: bool = False
     tokens: dict[str, str] = field(default_factory=dict)
@@ -191,6 +220,12 @@ class Topology:
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",
         }
+        offset = self.clock_offsets_s.get(host)
+        if offset:
+            clock = root / "clock"
+            clock.mkdir(parents=True, exist_ok=True)
+            (clock / "sitecustomize.py").write_text(SHIFTED_CLOCK.format(offset=float(offset)))
+            env["PYTHONPATH"] = f"{clock}{os.pathsep}{ROOT}"
         env.update(settings)
         return env
 

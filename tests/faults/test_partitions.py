@@ -4,8 +4,10 @@ running, then comes back. Five hosts and a second builder in network namespaces
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,7 @@ SHORT = {
     "DECODEBENCH_REQUEUE_AFTER_SECONDS": "20",
     "DECODEBENCH_DB_POOL_TIMEOUT_S": "5",
 }
+CLOCK_OFFSET_S = 3600.0  # lab2's processes read a wall clock an hour ahead
 REQUEST_TIMEOUT_S = 30.0  # what the agents, the workers and the CLI give a request
 
 
@@ -35,6 +38,7 @@ def topology() -> Iterator[Topology]:
         builders=("builder", "builder2"),
         server_settings=SHORT,
         reconcile_interval_s=2.0,
+        clock_offsets_s={"lab2": CLOCK_OFFSET_S},
     ) as running:
         yield running
 
@@ -158,7 +162,23 @@ def test_a_lab_cut_off_mid_run_delivers_late_results_accepted_or_refused_once(
             if lab == "lab1" and state == "running"
         }
 
-    wait_for(lambda: len(held_by_lab1()) == 2, "lab1 runs on both phones", 180, topology)
+    def measuring_on_lab1() -> set[int]:
+        """Runs whose job lab1 has pushed to a phone: past the package download, measuring."""
+        phones = topology.hosts["lab1"].root / "work" / "emulated" / "devices"
+        runs = set()
+        for job in phones.glob("*/Containers/*/Documents/job.json"):
+            try:
+                runs.add(int(json.loads(job.read_text())["run_id"]))
+            except (OSError, ValueError, KeyError):
+                pass  # being written
+        return runs
+
+    wait_for(
+        lambda: len(held_by_lab1()) == 2 and set(held_by_lab1().values()) <= measuring_on_lab1(),
+        "lab1 measures runs on both phones",
+        180,
+        topology,
+    )
     topology.cut("lab1")
     try:
         held = held_by_lab1()
@@ -298,3 +318,54 @@ def _no_lease_left(topology: Topology, sweep_id: int) -> bool:
         id=sweep_id,
     )
     return rows[0][0] == 0
+
+
+def test_leases_heartbeats_and_last_seen_follow_the_server_clock_not_a_lab_an_hour_ahead(
+    clean: Topology,
+) -> None:
+    topology = clean
+    # lab2 lives an hour ahead: its own log's timestamps say so
+    stamped = [line[:19] for line in topology.log("lab2", "agent").splitlines() if line[:2] == "20"]
+    lab2_now = datetime.strptime(stamped[-1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    database_now = topology.sql("SELECT now()")[0][0]
+    assert abs((lab2_now - database_now).total_seconds() - CLOCK_OFFSET_S) < 120
+
+    spec = {**FOLDED, "devices": ["iphone-16-pro"], "repetitions": 2}
+    sweep_id = _submit(topology, spec)
+
+    def lab2_lease_s() -> float | None:
+        rows = topology.sql(
+            "SELECT extract(epoch FROM r.lease_expires_at - now()) FROM runs r "
+            "JOIN agents a ON a.id = r.agent_id WHERE r.sweep_id = %(id)s "
+            "AND a.name = 'lab2' AND r.state = 'running'",
+            id=sweep_id,
+        )
+        return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    wait_for(lambda: lab2_lease_s() is not None, "lab2 runs a run", 120, topology)
+    lease_s = lab2_lease_s()
+    assert lease_s is not None and 0 < lease_s <= 4 + 1  # DECODEBENCH_LEASE_SECONDS from now
+    wait_for(lambda: _sweep_state(topology, sweep_id) == "completed", "the sweep completes", 120,
+             topology)  # fmt: skip
+    _assert_complete_and_stored_once(topology, sweep_id, spec)
+
+    # every time the server keeps about lab2 is its own (and the database's), to the second
+    ages = topology.sql(
+        "SELECT extract(epoch FROM now() - a.last_seen_at), "
+        "max(extract(epoch FROM now() - d.last_seen_at)) FROM agents a "
+        "JOIN devices d ON d.agent_id = a.id WHERE a.name = 'lab2' GROUP BY a.id"
+    )[0]
+    assert all(0 <= float(age) < 10 for age in ages), ages
+    spans = topology.sql(
+        "SELECT extract(epoch FROM r.started_at - s.created_at), "
+        "extract(epoch FROM now() - r.finished_at) FROM runs r JOIN sweeps s ON s.id = r.sweep_id "
+        "JOIN agents a ON a.id = r.agent_id WHERE s.id = %(id)s AND a.name = 'lab2'",
+        id=sweep_id,
+    )
+    assert spans and all(0 <= float(a) < 300 and 0 <= float(b) < 300 for a, b in spans), spans
+    with topology.client() as client:
+        devices = client.get("/api/v1/devices").json()
+    desk_now = datetime.now(UTC)  # the operator's desk reads the same kernel clock as the server
+    for device in devices:
+        seen = datetime.fromisoformat(device["last_seen_at"])
+        assert abs((desk_now - seen).total_seconds()) < 30, device

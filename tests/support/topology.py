@@ -5,6 +5,7 @@ however the test ends."""
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,8 +32,12 @@ def farm(**options: Any) -> Iterator[Topology]:
     try:
         topology.up()
         yield topology
-    finally:
+    except BaseException:
         topology.down(quiet=True)
+        print(f"the topology's logs are kept under {root}")
+        raise
+    topology.down(quiet=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def wait_for(
