@@ -7,8 +7,8 @@
 Hosts (namespace ``<prefix>-<host>``, address ``<subnet>.N``): ``db`` (its own PostgreSQL
 cluster and redis-server), ``server`` (`python -m server --workers 2`, and Celery beat),
 ``builder`` (a Celery worker), ``lab1`` and ``lab2`` (one agent each with emulated iPhones,
-their usbmuxd on the lab's own loopback). Start order: db, server (migrate, tokens), beat,
-builders, labs. Each host's
+their usbmuxd on the lab's own loopback). Start order: db, server (migrate, tokens), builders,
+beat, labs. Each host's
 veth joins a bridge in the machine's own namespace, which plays the operator's desk: it reaches
 the server's API and, for checks, the database. Each host has its own root directory
 (``<root>/<host>``: home, temporary files, work folders, logs) and its own loopback, so a role
@@ -56,6 +56,20 @@ SWEEP: dict[str, Any] = {
     "repetitions": 2,
 }
 
+
+# The roles in the order `up` starts them: docker-compose.yml's depends_on and the operator
+# guide's "Deploying the roles" keep it (tests/scripts/test_compose.py).
+START_ORDER = ("postgres", "redis", "server", "worker", "beat", "agent")
+HOST_OF_ROLE = {
+    "postgres": "db",
+    "redis": "db",
+    "server": "server",
+    "worker": "builder",
+    "beat": "server",
+    "agent": "lab1",
+}
+# Settings the topology passes to make a role quick or to name it, not what it needs to run.
+TUNING = {"DECODEBENCH_RECONCILE_INTERVAL_S", "DECODEBENCH_WORKER_NAME"}
 
 SHIFTED_CLOCK = """\
 # This host's wall clock, {offset:+g} s off (scripts/topology.py clock_offsets_s).
@@ -384,15 +398,18 @@ class Topology:
             return None
 
     def worker_env(self, host: str, name: str) -> dict[str, str]:
-        return self.env(
-            host,
-            DECODEBENCH_BROKER_URL=self.broker_url,
-            DECODEBENCH_SERVER_URL=self.server_url,
-            DECODEBENCH_WORKER_TOKEN=self.tokens[name],
-            DECODEBENCH_WORK_DIR=str(self.hosts[host].root / "work"),
-            DECODEBENCH_WORKER_NAME=name,
-            DECODEBENCH_RECONCILE_INTERVAL_S=str(self.reconcile_interval_s),
-        )
+        """A build worker's (beat's too, without a work folder): the broker, the server's URL
+        and a worker token; no database."""
+        settings = {
+            "DECODEBENCH_BROKER_URL": self.broker_url,
+            "DECODEBENCH_SERVER_URL": self.server_url,
+            "DECODEBENCH_WORKER_TOKEN": self.tokens[name],
+            "DECODEBENCH_WORKER_NAME": name,
+            "DECODEBENCH_RECONCILE_INTERVAL_S": str(self.reconcile_interval_s),
+        }
+        if name != "beat":
+            settings["DECODEBENCH_WORK_DIR"] = str(self.hosts[host].root / "work")
+        return self.env(host, **settings)
 
     def start_builder(self, builder: str) -> None:
         """A Celery worker, one build at a time; it also runs beat's reconcile messages."""
@@ -424,15 +441,36 @@ class Topology:
             [sys.executable, "-m", "agent", "--name", lab, "--driver", "emulated",
              "--simulated", ",".join(self.labs[lab]), "--work-dir", str(self.hosts[lab].root / "work"),
              "--poll-interval", "0.5", *self.agent_args],
-            self.env(
-                lab,
-                DECODEBENCH_SERVER_URL=self.server_url,
-                DECODEBENCH_AGENT_TOKEN=self.tokens[lab],
-            ),
+            self.agent_env(lab),
         )  # fmt: skip
 
+    def agent_env(self, lab: str) -> dict[str, str]:
+        return self.env(
+            lab, DECODEBENCH_SERVER_URL=self.server_url, DECODEBENCH_AGENT_TOKEN=self.tokens[lab]
+        )
+
+    def role_settings(self) -> dict[str, set[str]]:
+        """The DECODEBENCH_* settings each role is started with (docker-compose.yml and the
+        operator guide name the same), tuning knobs for short tests left out."""
+        tokens = dict(self.tokens)
+        self.tokens = {name: "token" for name in ("beat", *self.builders, *self.labs)}
+        try:
+            given = {
+                "server": self.server_env(),
+                "worker": self.worker_env(self.builders[0], self.builders[0]),
+                "beat": self.worker_env("server", "beat"),
+                "agent": self.agent_env(next(iter(self.labs))),
+            }
+        finally:
+            self.tokens = tokens
+        tuning = {*self.server_settings, *TUNING}
+        return {
+            role: {key for key in env if key.startswith("DECODEBENCH_") and key not in tuning}
+            for role, env in given.items()
+        }
+
     def up(self) -> None:
-        """Start order: database, server (migrate, tokens), beat, builders, labs."""
+        """Start order (START_ORDER): database, server (migrate, tokens), builders, beat, labs."""
         self.down(quiet=True)
         if self.root.exists():
             shutil.rmtree(self.root)
@@ -441,9 +479,9 @@ class Topology:
         self.start_database()
         self.prepare()
         self.start_server()
-        self.start_beat()
         for builder in self.builders:
             self.start_builder(builder)
+        self.start_beat()
         for lab in self.labs:
             self.start_lab(lab)
         (self.root / "tokens.json").write_text(json.dumps(self.tokens, indent=1))
