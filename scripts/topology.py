@@ -8,12 +8,12 @@ Hosts (namespace ``<prefix>-<host>``, address ``<subnet>.N``): ``db`` (its own P
 cluster and redis-server), ``server`` (`python -m server --workers 2`, and Celery beat),
 ``builder`` (a Celery worker), ``lab1`` and ``lab2`` (one agent each with emulated iPhones,
 their usbmuxd on the lab's own loopback). Start order: db, server (migrate, tokens), builders,
-beat, labs. Each host's
-veth joins a bridge in the machine's own namespace, which plays the operator's desk: it reaches
-the server's API and, for checks, the database. Each host has its own root directory
-(``<root>/<host>``: home, temporary files, work folders, logs) and its own loopback, so a role
-that reads another's files or dials 127.0.0.1 for another role fails here. Taking a host's
-link down (`cut`) is a network partition: its processes keep running.
+beat, labs. Each host's veth joins a bridge in the machine's own namespace, which plays the
+operator's desk: it reaches the server's API and, for checks, the database. Each host has its
+own root directory (``<root>/<host>``: home, temporary files, work folders, logs), its own
+hostname and its own loopback, so a role that reads another's files or dials 127.0.0.1 for
+another role fails here. Taking a host's link down (`cut`) is a network partition: its
+processes keep running.
 
 Needs root and `ip` (iproute2). Teardown is idempotent: `down` kills what runs in the
 namespaces (by their process ids, as `ip netns pids` lists them), even after a crash, then
@@ -69,7 +69,7 @@ HOST_OF_ROLE = {
     "agent": "lab1",
 }
 # Settings the topology passes to make a role quick or to name it, not what it needs to run.
-TUNING = {"DECODEBENCH_RECONCILE_INTERVAL_S", "DECODEBENCH_WORKER_NAME"}
+TUNING = {"DECODEBENCH_RECONCILE_INTERVAL_S"}
 
 SHIFTED_CLOCK = """\
 # This host's wall clock, {offset:+g} s off (scripts/topology.py clock_offsets_s).
@@ -243,14 +243,21 @@ class Topology:
         env.update(settings)
         return env
 
+    def _on(self, host: str, user: str | None) -> list[str]:
+        """A command's prefix: into the host's network namespace and a UTS namespace of its own,
+        where the hostname is the host's name (a worker names itself after it), as ``user``."""
+        prefix = ["ip", "netns", "exec", self.hosts[host].namespace, "unshare", "--uts", "--",
+                  "sh", "-c", 'hostname "$0" && exec "$@"', host]  # fmt: skip
+        if user:
+            prefix += ["runuser", "-u", user, "--"]
+        return prefix
+
     def _spawn(
         self, host: str, name: str, command: list[str], env: dict[str, str], user: str | None = None
     ) -> subprocess.Popen[bytes]:
         where = self.hosts[host]
         log = (where.root / "logs" / f"{name}.log").open("ab")
-        prefix = ["ip", "netns", "exec", where.namespace]
-        if user:
-            prefix += ["runuser", "-u", user, "--"]
+        prefix = self._on(host, user)
         process = subprocess.Popen(
             [*prefix, *command],
             env=env,
@@ -267,9 +274,7 @@ class Topology:
         self, host: str, command: list[str], env: dict[str, str] | None = None, user: str = ""
     ) -> str:
         """A command on a host, to its end; its output, or an error with it."""
-        prefix = ["ip", "netns", "exec", self.hosts[host].namespace]
-        if user:
-            prefix += ["runuser", "-u", user, "--"]
+        prefix = self._on(host, user)
         result = subprocess.run(
             [*prefix, *command],
             env=env or self.env(host),
@@ -404,7 +409,6 @@ class Topology:
             "DECODEBENCH_BROKER_URL": self.broker_url,
             "DECODEBENCH_SERVER_URL": self.server_url,
             "DECODEBENCH_WORKER_TOKEN": self.tokens[name],
-            "DECODEBENCH_WORKER_NAME": name,
             "DECODEBENCH_RECONCILE_INTERVAL_S": str(self.reconcile_interval_s),
         }
         if name != "beat":
@@ -418,7 +422,7 @@ class Topology:
             "worker",
             [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "--loglevel", "INFO",
              "--pool", "solo", "--queues", "builds", "--without-heartbeat", "--without-gossip",
-             "--without-mingle", "--hostname", f"{builder}@%h"],
+             "--without-mingle", "--hostname", "worker@%h"],
             self.worker_env(builder, builder),
         )  # fmt: skip
 
