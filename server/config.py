@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(default=4, ge=0, le=100)
     db_pool_timeout_s: float = Field(default=5.0, gt=0, le=60)
     retry_after_s: int = Field(default=2, ge=1, le=60)
+    # The database on another host: a connection attempt gives up after this long, and an open
+    # connection whose peer stops answering (a cut link, not a refusal) is dropped after
+    # db_network_timeout_s (TCP user timeout and keepalives), so a request gets its 503 with
+    # Retry-After instead of waiting for the kernel's retransmissions (about 15 minutes).
+    db_connect_timeout_s: int = Field(default=5, ge=2, le=60)
+    db_network_timeout_s: int = Field(default=10, ge=2, le=300)
     # Server processes `python -m server` starts (uvicorn workers); none keeps state in memory.
     workers: int = Field(default=1, ge=1, le=32)
     # Refused with 413 while the body streams in, before it is parsed.
@@ -71,6 +77,19 @@ class Settings(BaseSettings):
         if self.environment == "production" and self.database_url == DEFAULT_DATABASE_URL:
             raise ValueError("DECODEBENCH_DATABASE_URL must be set explicitly in production")
         return self
+
+    @property
+    def libpq_timeouts(self) -> dict[str, int]:
+        """libpq connection parameters that bound how long a lost database can hold a request."""
+        network = self.db_network_timeout_s
+        return {
+            "connect_timeout": self.db_connect_timeout_s,
+            "tcp_user_timeout": network * 1000,
+            "keepalives": 1,
+            "keepalives_idle": max(1, network // 2),
+            "keepalives_interval": max(1, network // 4),
+            "keepalives_count": 2,
+        }
 
     @property
     def toolchain(self) -> dict[str, str]:

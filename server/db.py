@@ -27,6 +27,7 @@ def get_engine() -> Engine:
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_pool_timeout_s,
+        connect_args=settings.libpq_timeouts,
     )
 
 

@@ -25,7 +25,12 @@ _PROBE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health")
 def _probe_engine() -> Engine:
     settings = get_settings()
     return create_engine(
-        settings.database_url, pool_size=1, max_overflow=0, pool_timeout=2, pool_pre_ping=True
+        settings.database_url,
+        pool_size=1,
+        max_overflow=0,
+        pool_timeout=2,
+        pool_pre_ping=True,
+        connect_args=settings.libpq_timeouts,
     )
 
 

@@ -28,6 +28,12 @@ class WorkerSettings(BaseSettings):
         default=30.0, gt=0, description="How often beat asks the server to fire due schedules"
     )
     worker_name: str = Field(default_factory=socket.gethostname)
+    report_patience_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="How long a finished build keeps delivering its package and report to a "
+        "server that is away (unreachable, or its database is: 503) before it gives up",
+    )
 
     @field_validator("worker_token")
     @classmethod

@@ -57,7 +57,7 @@ async def _long_poll(
     if wait_seconds == 0:
         found, _ = await _look(look, 0.0)
         return found
-    wakeups = claim_wakeups(settings.database_url)
+    wakeups = claim_wakeups(settings.database_url, settings.libpq_timeouts)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
     # The body has been read: the next message is the client going away. A claim nobody

@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
+from collections.abc import Mapping
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import make_url
 
 CHANNEL = "decodebench_runs"
@@ -114,11 +116,12 @@ class ClaimWakeups:
 _wakeups: ClaimWakeups | None = None
 
 
-def claim_wakeups(database_url: str) -> ClaimWakeups:
+def claim_wakeups(database_url: str, timeouts: Mapping[str, int]) -> ClaimWakeups:
     """This process's (and this event loop's) listener, started on first use."""
     global _wakeups
     loop = asyncio.get_running_loop()
     if _wakeups is None or _wakeups.loop is not loop:
-        _wakeups = ClaimWakeups(psycopg_conninfo(database_url))
+        # with keepalives a listener whose link was cut notices, and reconnects once it is back
+        _wakeups = ClaimWakeups(make_conninfo(psycopg_conninfo(database_url), **timeouts))
     _wakeups.ensure_listening()
     return _wakeups

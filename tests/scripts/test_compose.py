@@ -71,3 +71,73 @@ def test_a_worker_without_a_token_refuses_to_start(monkeypatch) -> None:
     monkeypatch.setenv("DECODEBENCH_WORKER_TOKEN", "secret-token")
     settings = WorkerSettings()
     assert settings.token == "secret-token" and "secret-token" not in repr(settings)
+
+
+# -- the compose file, the operator guide and scripts/topology.py name the same farm ------------
+
+# Compose settings the topology does not pass, and why.
+COMPOSE_ONLY = {
+    # the topology is a test farm reached over plain HTTP at its own addresses; production
+    # marks the web UI's cookies secure
+    "DECODEBENCH_ENVIRONMENT",
+}
+# the shared anchor gives the server the server's URL too; the server does not read it
+COMPOSE_ONLY_FOR = {"server": {"DECODEBENCH_SERVER_URL"}}
+
+
+def _guide_roles() -> list[tuple[str, str, set[str]]]:
+    """The operator guide's roles table: (role, host, settings) in start order."""
+    text = (ROOT / "docs" / "guides" / "operators.md").read_text()
+    table = text.split("<!-- roles-table")[1].split("<!-- /roles-table -->")[0]
+    rows = []
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            settings = {name.strip(" `") for name in cells[3].split(",") if name.strip()}
+            rows.append((int(cells[0]), cells[1], cells[2], settings))
+    assert [row[0] for row in rows] == list(range(1, len(rows) + 1))
+    return [row[1:] for row in rows]
+
+
+def test_topology_compose_and_guide_name_the_same_roles_settings_and_order() -> None:
+    from topology import HOST_OF_ROLE, START_ORDER, Topology
+
+    settings = Topology().role_settings()
+    guide = _guide_roles()
+    assert [role for role, _, _ in guide] == list(START_ORDER)
+    for role, host, named in guide:
+        assert host == HOST_OF_ROLE[role], role
+        assert named == settings.get(role, set()), role
+
+    services = load()["services"]
+    assert set(services) == set(START_ORDER) - {"agent"}  # agents run on the hosts with phones
+    for role, service in services.items():
+        environment = set(service.get("environment", {}))
+        if role in ("postgres", "redis"):
+            continue
+        allowed = COMPOSE_ONLY | COMPOSE_ONLY_FOR.get(role, set())
+        assert environment - allowed == settings[role], role
+        # compose starts a role after what it depends on, as the topology and the guide do
+        for dependency in service.get("depends_on", {}):
+            assert START_ORDER.index(dependency) < START_ORDER.index(role), (role, dependency)
+
+
+def test_the_guide_deploys_the_roles_in_start_order() -> None:
+    from topology import START_ORDER
+
+    text = (ROOT / "docs" / "guides" / "operators.md").read_text()
+    block = text.split("## Deploying the roles")[1].split("```sh")[1].split("```")[0]
+    commands = {
+        "server": "python -m server --",
+        "worker": "worker.app worker",
+        "beat": "worker.app beat",
+        "agent": "python -m agent",
+    }
+    lines = block.splitlines()
+    first = {
+        role: next(i for i, line in enumerate(lines) if command in line)
+        for role, command in commands.items()
+    }
+    assert sorted(first, key=first.__getitem__) == [r for r in START_ORDER if r in commands]
+    prestart = next(i for i, line in enumerate(lines) if "server.manage prestart" in line)
+    assert prestart < first["server"]
