@@ -33,6 +33,11 @@ def register(subparsers: Any) -> None:
     )
     build.add_argument("--attention", choices=[a.value for a in Attention], default="folded")
     build.add_argument("--kv", choices=[k.value for k in KVCache], default="state")
+    build.add_argument(
+        "--kv-window",
+        action="store_true",
+        help="sliding-window layers cache only their window (a ring; kv=state, no prefill)",
+    )
     build.add_argument("--context", type=int, default=512)
     build.add_argument("--prefill-chunk", type=int, default=None, help="add a prefill function")
     build.add_argument("--layers", type=int, default=None)
@@ -65,6 +70,7 @@ def _variant(args: argparse.Namespace) -> VariantSpec:
         return VariantSpec(
             attention=args.attention,
             kv=args.kv,
+            kv_window=args.kv_window,
             context=args.context,
             prefill_chunk=args.prefill_chunk,
             layers=args.layers,
