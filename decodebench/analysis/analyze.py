@@ -224,8 +224,9 @@ def render_analysis(analysis: GraphAnalysis, title: str) -> str:
     lines += [
         f"  bytes per token    {moved.total:,} ({moved.total / mib:.1f} MiB)",
         f"    weights          {moved.weights / mib:10.2f} MiB",
-        f"    kv read          {moved.kv_read / mib:10.2f} MiB at full context "
-        f"({moved.kv_positions} positions; {moved.kv_read_per_position:,} bytes per position)",
+        f"    kv read          {moved.kv_read / mib:10.2f} MiB, every cache whole "
+        f"(longest {moved.kv_positions} positions; {moved.kv_read_per_position:,} bytes per "
+        "position over all caches)",
         f"    kv write         {moved.kv_write / mib:10.2f} MiB",
         f"    redundant        {moved.redundant / mib:10.2f} MiB "
         f"({len(analysis.redundant_ops)} copies, {analysis.redundant_output_bytes / mib:.1f} MiB "
