@@ -152,3 +152,25 @@ def check_windowed_decoder(folder: Path, prompt: list[int], steps: int, context:
         expected = reference_logits(folder, prompt + tokens[:-1])
         scale = float(expected.abs().max())
         torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+# A Qwen3 of two narrow layers (head_dim its own figure, q/k norms, tied embeddings): an upload
+# that builds in seconds.
+QWEN3_FIELDS: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "tie_word_embeddings": True,
+    "rope_theta": 10_000.0,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.3,
+}
+
+
+def qwen3_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3 checkpoint saved by transformers' Qwen3ForCausalLM (massive channels too)."""
+    return tiny_checkpoint(folder, "Qwen3Config", "Qwen3ForCausalLM", QWEN3_FIELDS, seed)
