@@ -33,6 +33,7 @@ identically, the plain program holding one more negative-index guard on the toke
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ from coremltools.converters.mil.converter import MILProtoBackend
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+from coremltools.proto import Model_pb2
 
 from decodebench import coreml_compat
 from decodebench.building.quant.apply import QuantPlan, apply_plan
@@ -182,6 +184,7 @@ class CoreMLToolsConverter:
                         descriptor.add_function(str(part), "main", name)
                     descriptor.default_function_name = DECODE_FUNCTION
                     ct.utils.save_multifunction(descriptor, str(path))
+                    _restore_metadata(path, package_metadata(conversion))
         return rewritten
 
     def convert(self, model: DecodeStepModel, conversion: Conversion) -> ct.models.MLModel:
@@ -290,6 +293,18 @@ def package_metadata(conversion: Conversion) -> dict[str, str]:
         METADATA_SLIDING_WINDOW: str(config.sliding_window),
         METADATA_SLIDING_CACHES: ",".join(names),
     }
+
+
+def _restore_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """``save_multifunction`` writes a new root spec without its parts' user metadata: put
+    ours back into it."""
+    if not metadata:
+        return
+    manifest = json.loads((path / "Manifest.json").read_text())
+    root = path / "Data" / manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]["path"]
+    spec = Model_pb2.Model.FromString(root.read_bytes())
+    spec.description.metadata.userDefined.update(metadata)
+    root.write_bytes(spec.SerializeToString())
 
 
 def write_package(program: Program, path: Path, metadata: dict[str, str] | None = None) -> None:

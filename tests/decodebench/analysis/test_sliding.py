@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from decodebench.analysis.analyze import analyze_mlpackage, render_analysis
-from decodebench.building.convert import DECODE_FUNCTION, Conversion, CoreMLToolsConverter
+from decodebench.building.convert import (
+    DECODE_FUNCTION,
+    PREFILL_FUNCTION,
+    Conversion,
+    CoreMLToolsConverter,
+)
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.presets import GEMMA_3_1B, ModelConfig
@@ -139,3 +144,19 @@ def test_no_sliding_layers_no_saving(tmp_path: Path) -> None:
     assert all(state.window == 0 for state in analysis.states)
     with pytest.raises(ValueError, match="no sliding-window layers"):
         build_model(config, CONTEXT, variant.attention, torch.float16, variant.kv, kv_window=True)
+
+
+def test_a_package_with_a_prefill_function_keeps_the_sliding_layers(tmp_path: Path) -> None:
+    """A multifunction package (decode + prefill) is written anew by coremltools: the build's
+    metadata on sliding layers survives it, so the saving is still reported."""
+    variant = VariantSpec(context=CONTEXT, prefill_chunk=8)
+    decode = build_model(CONFIG, CONTEXT, variant.attention, torch.float16, variant.kv)
+    prefill = decode.sibling(8)
+    path = tmp_path / "prefill.mlpackage"
+    with quiet_coremltools():
+        CoreMLToolsConverter().build_package(
+            {DECODE_FUNCTION: decode, PREFILL_FUNCTION: prefill}, Conversion(CONFIG, variant), path
+        )
+    analysis = analyze_mlpackage(path)
+    assert analysis.sliding_window is not None
+    assert analysis.sliding_window.sliding_caches == 2 * sum(CONFIG.sliding_layers or ())
