@@ -51,7 +51,12 @@ TOKENIZER_FILES = frozenset(
         "chat_template.json",
     }
 )
-GGUF_ARCHITECTURES = frozenset({"llama", "qwen2"})  # what transformers dequantizes to our families
+# What transformers' GGUF loader (integrations/ggml.py) dequantizes into one of our families.
+GGUF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "phi3", "gemma3"})
+# Our families whose llama.cpp architecture transformers' GGUF loader does not map.
+GGUF_UNLOADABLE = {"smollm3": "SmolLM3", "exaone4": "EXAONE 4"}
+# Qwen3's head_dim as transformers' GGUF loader reads it: its config default (key_length unread).
+QWEN3_GGUF_HEAD_DIM = 128
 FILE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
@@ -279,21 +284,55 @@ def check_gguf(stream: BinaryIO, size: int, name: str) -> dict:
     if version not in (2, 3):
         raise ModelFileError(f"{name}: GGUF version {version} is not supported (2, 3)")
     tensor_count, kv_count = reader.unpack("<Q"), reader.unpack("<Q")
-    architecture = None
+    metadata: dict[str, Any] = {}
     for _ in range(kv_count):
         key = reader.string()
-        value = reader.value(reader.unpack("<I"))
-        if key == "general.architecture":
-            architecture = value
-            break
+        metadata[key] = reader.value(reader.unpack("<I"))
+    architecture = metadata.get("general.architecture")
     if not isinstance(architecture, str):
         raise ModelFileError(f"{name}: no general.architecture in the GGUF metadata")
+    supported = ", ".join(sorted(GGUF_ARCHITECTURES))
+    if architecture in GGUF_UNLOADABLE:
+        raise ModelFileError(
+            f"{name}: general.architecture {architecture!r} is not supported: transformers' GGUF "
+            f"loader does not map {GGUF_UNLOADABLE[architecture]}, so it cannot be dequantized "
+            f"(upload its Hugging Face folder instead); supported: {supported}"
+        )
     if architecture not in GGUF_ARCHITECTURES:
         raise ModelFileError(
             f"{name}: general.architecture {architecture!r} is not supported; "
-            f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+            f"supported: {supported}"
         )
+    _check_gguf_family(metadata, architecture, name)
     return {"architecture": architecture, "gguf_version": version, "tensors": tensor_count}
+
+
+def _check_gguf_family(metadata: dict[str, Any], architecture: str, name: str) -> None:
+    """Refuse what transformers' GGUF loader would read as a different model than the file's:
+    it leaves these keys unread and falls back to its config defaults."""
+    unread = "transformers' GGUF loader does not read it"
+    if architecture == "qwen3":
+        key_length = metadata.get("qwen3.attention.key_length")
+        if key_length is not None and key_length != QWEN3_GGUF_HEAD_DIM:
+            raise ModelFileError(
+                f"{name}: qwen3.attention.key_length={key_length} is not supported: {unread} "
+                f"and takes head_dim {QWEN3_GGUF_HEAD_DIM}"
+            )
+    if architecture == "phi3":
+        scaling = sorted(key for key in metadata if key.startswith("phi3.rope.scaling."))
+        if scaling:
+            raise ModelFileError(f"{name}: {scaling[0]} (LongRoPE) is not supported: {unread}")
+        rotated = metadata.get("phi3.rope.dimension_count")
+        hidden, heads = (
+            metadata.get("phi3.embedding_length"),
+            metadata.get("phi3.attention.head_count"),
+        )
+        if rotated is not None and isinstance(hidden, int) and isinstance(heads, int) and heads:
+            if rotated != hidden // heads:
+                raise ModelFileError(
+                    f"{name}: phi3.rope.dimension_count={rotated} of head_dim {hidden // heads} "
+                    f"(partial rotary) is not supported: {unread}"
+                )
 
 
 # -- zipped .mlpackage ------------------------------------------------------------------------

@@ -72,8 +72,9 @@ class TorchStepEngine(TokenSource):
 
         kv = getattr(variant, "kv", "state")
         model = build_model(
-            config, variant.context, variant.attention, dtype or torch.float32, kv=kv
-        )
+            config, variant.context, variant.attention, dtype or torch.float32, kv=kv,
+            kv_window=getattr(variant, "kv_window", False),
+        )  # fmt: skip
         return cls(model)
 
     def reset(self) -> None:

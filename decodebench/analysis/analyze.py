@@ -13,7 +13,7 @@ device profile's bandwidth and per-op dispatch overhead to it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from decodebench.analysis.copies import redundant_copies
@@ -38,7 +38,14 @@ from decodebench.contracts.analysis import (
     BytesPerToken,
     FunctionOps,
     GraphAnalysis,
+    KvState,
+    SlidingWindow,
     TensorRecord,
+)
+from decodebench.contracts.names import (
+    METADATA_CONTEXT,
+    METADATA_SLIDING_CACHES,
+    METADATA_SLIDING_WINDOW,
 )
 
 __all__ = [
@@ -48,8 +55,9 @@ __all__ = [
     "load_program",
 ]
 
-# 1: the first cut (tiles only, whole weights, no dispatch term). 2: this module.
-ANALYSIS_VERSION = 2
+# 1: the first cut (tiles only, whole weights, no dispatch term). 2: this module. 3: sliding
+# windows (the caches of sliding layers and what a ring of the window would move).
+ANALYSIS_VERSION = 3
 
 
 def _directory_bytes(directory: Path) -> int:
@@ -83,6 +91,50 @@ def _weight_storage(graphs: Iterable[FunctionGraph]) -> tuple[int, dict[str, int
     return sum(by_encoding.values()), dict(by_encoding), dict(by_dtype)
 
 
+def _sliding_layers(metadata: Mapping[str, str]) -> tuple[int, set[str], int | None]:
+    """The window, the caches of sliding layers and the context a build wrote in its metadata
+    (nothing for a program made elsewhere: its graph does not say which layers slide)."""
+    try:
+        window = int(metadata.get(METADATA_SLIDING_WINDOW, "0"))
+        context = int(metadata[METADATA_CONTEXT]) if METADATA_CONTEXT in metadata else None
+    except ValueError:
+        return 0, set(), None
+    names = {name for name in metadata.get(METADATA_SLIDING_CACHES, "").split(",") if name}
+    return (window, names, context) if window > 0 and names else (0, set(), None)
+
+
+def _with_windows(
+    states: list[KvState], metadata: Mapping[str, str]
+) -> tuple[list[KvState], int, int | None]:
+    window, names, context = _sliding_layers(metadata)
+    marked = [
+        state.model_copy(update={"window": window}) if state.name in names else state
+        for state in states
+    ]
+    return marked, window, context
+
+
+def sliding_window_saving(
+    states: list[KvState], window: int, context: int | None, moved: BytesPerToken
+) -> SlidingWindow | None:
+    """Bytes per token of this build with full-context caches and with sliding layers' caches
+    holding their window only (None without sliding layers)."""
+    sliding = [state for state in states if state.window]
+    if not window or not sliding:
+        return None
+    context = context or max(state.positions for state in states)
+    others = moved.total - moved.kv_read
+    return SlidingWindow(
+        window=window,
+        context=context,
+        sliding_caches=len(sliding),
+        caches=len(states),
+        windowed=any(state.positions < context for state in sliding),
+        full_context_bytes=others + sum(state.read_over(context, False) for state in states),
+        windowed_bytes=others + sum(state.read_over(context, True) for state in states),
+    )
+
+
 def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
     """Analyse a saved ``.mlpackage`` without loading its weights or running it."""
     spec, model_directory = load_program(path)
@@ -110,7 +162,18 @@ def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
     weight_bytes, by_encoding, by_dtype = _weight_storage(graphs.values())
     weights_read = weight_bytes_read(decode)
     redundant = sum(copy.moved_bytes for copy in copies)
-    read_states = [state for state in kv.states if state.read]
+    metadata = dict(spec.description.metadata.userDefined)
+    states, window, context = _with_windows(kv.states, metadata)
+    read_states = [state for state in states if state.read]
+    moved = BytesPerToken(
+        weights=weights_read,
+        kv_read=kv.read_bytes,
+        kv_write=kv.write_bytes,
+        redundant=redundant,
+        total=weights_read + kv.read_bytes + kv.write_bytes + redundant,
+        kv_read_per_position=sum(state.bytes_per_position for state in read_states),
+        kv_positions=max((state.positions for state in read_states), default=0),
+    )
     return GraphAnalysis(
         analysis_version=ANALYSIS_VERSION,
         functions=sorted(graphs),
@@ -135,17 +198,10 @@ def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
         weight_bytes_by_encoding=by_encoding,
         weight_bytes_by_dtype=by_dtype,
         kv_source=kv.source,
-        state_bytes=sum(state.bytes for state in kv.states),
-        states=kv.states,
-        bytes_per_token=BytesPerToken(
-            weights=weights_read,
-            kv_read=kv.read_bytes,
-            kv_write=kv.write_bytes,
-            redundant=redundant,
-            total=weights_read + kv.read_bytes + kv.write_bytes + redundant,
-            kv_read_per_position=sum(state.bytes_per_position for state in read_states),
-            kv_positions=max((state.positions for state in read_states), default=0),
-        ),
+        state_bytes=sum(state.bytes for state in states),
+        states=states,
+        bytes_per_token=moved,
+        sliding_window=sliding_window_saving(states, window, context, moved),
     )
 
 
@@ -168,8 +224,9 @@ def render_analysis(analysis: GraphAnalysis, title: str) -> str:
     lines += [
         f"  bytes per token    {moved.total:,} ({moved.total / mib:.1f} MiB)",
         f"    weights          {moved.weights / mib:10.2f} MiB",
-        f"    kv read          {moved.kv_read / mib:10.2f} MiB at full context "
-        f"({moved.kv_positions} positions; {moved.kv_read_per_position:,} bytes per position)",
+        f"    kv read          {moved.kv_read / mib:10.2f} MiB, every cache whole "
+        f"(longest {moved.kv_positions} positions; {moved.kv_read_per_position:,} bytes per "
+        "position over all caches)",
         f"    kv write         {moved.kv_write / mib:10.2f} MiB",
         f"    redundant        {moved.redundant / mib:10.2f} MiB "
         f"({len(analysis.redundant_ops)} copies, {analysis.redundant_output_bytes / mib:.1f} MiB "
@@ -182,6 +239,7 @@ def render_analysis(analysis: GraphAnalysis, title: str) -> str:
         )
     for device_class, rate in analysis.predicted_tok_s().items():
         lines.append(f"  predicted          {device_class}: {rate:.2f} tok/s")
+    lines += _sliding_lines(analysis)
     if analysis.unknown_ops:
         unknown = ", ".join(f"{op} {count}" for op, count in sorted(analysis.unknown_ops.items()))
         lines.append(f"  unknown ops        {unknown}")
@@ -189,3 +247,33 @@ def render_analysis(analysis: GraphAnalysis, title: str) -> str:
     for op_type, count in sorted(analysis.op_counts.items(), key=lambda item: (-item[1], item[0])):
         lines.append(f"    {op_type:28s} {count}")
     return "\n".join(lines)
+
+
+def _sliding_lines(analysis: GraphAnalysis) -> list[str]:
+    """The sliding-window saving: bytes per token and predicted tok/s of both cache layouts."""
+    sliding = analysis.sliding_window
+    if sliding is None:
+        return []
+    mib = 1024**2
+    kept = "its window (kv_window)" if sliding.windowed else "the full context"
+    layouts = analysis.predicted_layouts()
+    lines = [
+        f"  sliding window     {sliding.sliding_caches // 2} of {sliding.caches // 2} layers see "
+        f"the last {sliding.window} of {sliding.context} positions; this build caches {kept}",
+    ]
+    for label, size, which in (
+        ("full-context KV", sliding.full_context_bytes, 0),
+        ("windowed KV", sliding.windowed_bytes, 1),
+    ):
+        rates = ", ".join(f"{device} {rates[which]:.2f}" for device, rates in layouts.items())
+        lines.append(
+            f"    {label:16s} {size:,} bytes per token ({size / mib:.1f} MiB); tok/s {rates}"
+        )
+    if sliding.full_context_bytes:
+        share = sliding.saving / sliding.full_context_bytes
+        speedup = sliding.full_context_bytes / sliding.windowed_bytes
+        lines.append(
+            f"    saving           {sliding.saving / mib:.1f} MiB per token ({share:.1%} of the "
+            f"bytes), predicted {speedup:.3f}x tok/s"
+        )
+    return lines

@@ -33,6 +33,7 @@ identically, the plain program holding one more negative-index guard on the toke
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
@@ -49,12 +50,19 @@ from coremltools.converters.mil.converter import MILProtoBackend
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, PassPipelineManager
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
+from coremltools.proto import Model_pb2
 
 from decodebench import coreml_compat
 from decodebench.building.quant.apply import QuantPlan, apply_plan
 from decodebench.contracts.domain import KVCache, VariantSpec
+from decodebench.contracts.names import (
+    METADATA_CONTEXT,
+    METADATA_SLIDING_CACHES,
+    METADATA_SLIDING_WINDOW,
+)
 from decodebench.contracts.presets import ModelConfig
 from decodebench.modeling import DecodeStepModel, example_inputs
+from decodebench.modeling.families import family_for
 
 DECODE_FUNCTION = "main"
 PREFILL_FUNCTION = "prefill"
@@ -167,7 +175,7 @@ class CoreMLToolsConverter:
                 rewritten.update(_quantize(program, plan, stages))
                 parts[name] = path if single else Path(scratch) / f"{name}.mlpackage"
                 with stages.stage("save"):
-                    write_package(program, parts[name])
+                    write_package(program, parts[name], package_metadata(conversion))
                 del program
             if not single:
                 with stages.stage("save"):
@@ -176,6 +184,7 @@ class CoreMLToolsConverter:
                         descriptor.add_function(str(part), "main", name)
                     descriptor.default_function_name = DECODE_FUNCTION
                     ct.utils.save_multifunction(descriptor, str(path))
+                    _restore_metadata(path, package_metadata(conversion))
         return rewritten
 
     def convert(self, model: DecodeStepModel, conversion: Conversion) -> ct.models.MLModel:
@@ -183,7 +192,7 @@ class CoreMLToolsConverter:
         program = self.to_program(model, conversion)
         package = Path(tempfile.mkdtemp(suffix=".mlpackage"))
         package.rmdir()
-        write_package(program, package)
+        write_package(program, package, package_metadata(conversion))
         return ct.models.MLModel(str(package), skip_model_load=True, is_temp_package=True)
 
     def save(self, converted: ct.models.MLModel, path: Path) -> None:
@@ -270,8 +279,37 @@ def _quantize(program: Program, plan: QuantPlan | None, stages: StageRecorder) -
     return rewritten
 
 
-def write_package(program: Program, path: Path) -> None:
-    """Serialize ``program`` into a new ``.mlpackage`` at ``path``, weights written in place."""
+def package_metadata(conversion: Conversion) -> dict[str, str]:
+    """What the analysis cannot read off the graph: the context, and the window and caches of
+    sliding-window layers (none without them)."""
+    config, variant = conversion.config, conversion.variant
+    family = family_for(config)
+    sliding = [index for index in range(config.num_layers) if family.sliding(config, index)]
+    if not sliding or config.sliding_window is None:
+        return {}
+    names = [f"{kind}_cache_{index}" for index in sliding for kind in ("key", "value")]
+    return {
+        METADATA_CONTEXT: str(variant.context),
+        METADATA_SLIDING_WINDOW: str(config.sliding_window),
+        METADATA_SLIDING_CACHES: ",".join(names),
+    }
+
+
+def _restore_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """``save_multifunction`` writes a new root spec without its parts' user metadata: put
+    ours back into it."""
+    if not metadata:
+        return
+    manifest = json.loads((path / "Manifest.json").read_text())
+    root = path / "Data" / manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]["path"]
+    spec = Model_pb2.Model.FromString(root.read_bytes())
+    spec.description.metadata.userDefined.update(metadata)
+    root.write_bytes(spec.SerializeToString())
+
+
+def write_package(program: Program, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Serialize ``program`` into a new ``.mlpackage`` at ``path``, weights written in place,
+    with ``metadata`` as the model's user-defined metadata."""
     from coremltools.libmodelpackage import ModelPackage
 
     if path.exists():
@@ -288,6 +326,7 @@ def write_package(program: Program, path: Path) -> None:
             convert_from="milinternal",
             convert_to="mlprogram",
         )
+        spec.description.metadata.userDefined.update(metadata or {})
         spec_file = staging / "model.mlmodel"
         spec_file.write_bytes(spec.SerializeToString())
         empty = staging / "empty-weights"
@@ -322,16 +361,15 @@ def _check_matches(model: DecodeStepModel, config: ModelConfig, variant: Variant
             f"model uses {model.attention.value} attention but the variant asks for "
             f"{variant.attention.value}"
         )
+    if model.kv_window != variant.kv_window:
+        raise ConversionError(
+            f"model has kv_window={model.kv_window} but the variant asks for {variant.kv_window}"
+        )
     if model.kv != variant.kv:
         raise ConversionError(
             f"model keeps its KV cache as {model.kv.value} but the variant asks for "
             f"{variant.kv.value}"
         )
-
-
-def _cache_shape(model: DecodeStepModel) -> tuple[int, ...]:
-    config = model.config
-    return (1, config.num_key_value_heads, model.context, config.head_dim)
 
 
 def _input_types(model: DecodeStepModel) -> list[ct.TensorType]:
@@ -347,8 +385,8 @@ def _input_types(model: DecodeStepModel) -> list[ct.TensorType]:
         )
     if model.kv == KVCache.input:
         types += [
-            ct.TensorType(name=name, shape=_cache_shape(model), dtype=np.float16)
-            for name in model.cache_names()
+            ct.TensorType(name=name, shape=model.cache_shape(number // 2), dtype=np.float16)
+            for number, name in enumerate(model.cache_names())
         ]
     return types
 
@@ -366,9 +404,10 @@ def _state_types(model: DecodeStepModel) -> list[ct.StateType]:
     # Core ML states are fp16 only; the names tie each state to its torch buffer.
     return [
         ct.StateType(
-            wrapped_type=ct.TensorType(shape=_cache_shape(model), dtype=np.float16), name=name
+            wrapped_type=ct.TensorType(shape=model.cache_shape(number // 2), dtype=np.float16),
+            name=name,
         )
-        for name in model.cache_names()
+        for number, name in enumerate(model.cache_names())
     ]
 
 

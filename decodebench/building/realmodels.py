@@ -14,6 +14,7 @@ exclusive lock, so concurrent fetches do the work once and a crashed one leaves 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -99,6 +100,33 @@ def fetch_model(
             os.replace(folder, target)
         say(f"cached in {target}")
         return target
+
+
+def dequantize_gguf(gguf: Path, root: Path) -> Path:
+    """The Hugging Face folder of a GGUF file, dequantized once into ``root/gguf/<sha256>``.
+
+    The header is checked first (:func:`decodebench.modelfiles.check_gguf`: an architecture
+    transformers' loader maps, nothing it would read as another model); a file it refuses raises
+    :class:`~decodebench.modelfiles.ModelFileError` naming why.
+    """
+    from decodebench.modelfiles import check_gguf
+
+    size = gguf.stat().st_size
+    digest = hashlib.sha256()
+    with gguf.open("rb") as stream:
+        check_gguf(stream, size, gguf.name)
+        stream.seek(0)
+        while chunk := stream.read(16 * 2**20):
+            digest.update(chunk)
+    folder = root / "gguf" / digest.hexdigest()[:32]
+    if (folder / "config.json").is_file():
+        return folder
+    staging = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    write_hf_folder(gguf, staging)
+    os.replace(staging, folder)
+    return folder
 
 
 def write_hf_folder(gguf: Path, folder: Path) -> None:

@@ -98,8 +98,9 @@ class PresetSource(Source):
         # would need twice the memory for nothing.
         with job.clock.stage("build_model"):
             torch_model = build_model(
-                config, variant.context, variant.attention, torch.float16, variant.kv
-            )
+                config, variant.context, variant.attention, torch.float16, variant.kv,
+                kv_window=variant.kv_window,
+            )  # fmt: skip
         return convert_job(job, config, torch_model, None)
 
 
@@ -145,7 +146,7 @@ class CheckpointSource(Source):
             config, tensors = load_checkpoint(folder, torch.float16, variant.layers)
             torch_model = build_model(
                 config, variant.context, variant.attention, torch.float16, variant.kv,
-                weights=tensors,
+                weights=tensors, kv_window=variant.kv_window,
             )  # fmt: skip
             del tensors
         validate_for_config(job.recipe, config)

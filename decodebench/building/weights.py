@@ -21,7 +21,10 @@ from decodebench.modeling.families import FAMILIES, family_for
 from decodebench.modeling.hf_fields import ConfigError, family_fields
 
 ARCHITECTURES = {family.architecture: family.name for family in FAMILIES.values()}
-MODEL_TYPES = {family.name: family.name for family in FAMILIES.values()}
+# transformers' model_type of each family where it is not the family's name (Gemma 3's text-only
+# model; "gemma3" is the multimodal one).
+HF_MODEL_TYPES = {"gemma3": "gemma3_text"}
+MODEL_TYPES = {HF_MODEL_TYPES.get(name, name): name for name in FAMILIES}
 _HASH_CHUNK = 16 * 2**20
 
 
@@ -194,10 +197,10 @@ def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> 
     architecture = {family: name for name, family in ARCHITECTURES.items()}[config.family]
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling is not None:
-        rope = {**config.rope_scaling.model_dump(), "rope_theta": config.rope_theta}
+        rope = {**config.rope_scaling.model_dump(mode="json"), "rope_theta": config.rope_theta}
     result: dict[str, Any] = {
         "architectures": [architecture],
-        "model_type": config.family,
+        "model_type": HF_MODEL_TYPES.get(config.family, config.family),
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -223,7 +226,39 @@ def hf_config_dict(config: ModelConfig, max_position_embeddings: int = 4096) -> 
         result["no_rope_layers"] = list(config.no_rope_layers)
     if config.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = config.partial_rotary_factor
+    if isinstance(config.rope_scaling, LongRopeScaling):
+        # Phi-3 reads the original context at the top level too (transformers 4 only there).
+        result["original_max_position_embeddings"] = (
+            config.rope_scaling.original_max_position_embeddings
+        )
+    if config.family == "gemma3":
+        result.update(_gemma3_fields(config, rope))
     return result
+
+
+def _gemma3_fields(config: ModelConfig, rope: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's own keys: layer types and window, a RoPE per layer type, the query scale,
+    the activation and the logits' cap (the inverse of ``hf_fields._gemma3``)."""
+    sliding = config.sliding_layers or (0,) * config.num_layers
+    local = {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope_theta}
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": [
+            "sliding_attention" if sliding[index] else "full_attention"
+            for index in range(config.num_layers)
+        ],
+        "sliding_window": config.sliding_window,
+        "rope_parameters": {"full_attention": rope, "sliding_attention": local},
+        # An integer in transformers' config class (it checks the type).
+        "query_pre_attn_scalar": _integral(config.query_pre_attn_scalar or config.head_dim),
+        "final_logit_softcapping": config.final_logit_softcapping,
+        "attn_logit_softcapping": None,
+    }
+
+
+def _integral(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
 
 
 def _safetensors_files(folder: Path) -> list[Path]:

@@ -29,10 +29,18 @@ def register(subparsers: Any) -> None:
     source = build.add_mutually_exclusive_group()
     source.add_argument("--preset", default=None, help="model preset (random weights)")
     source.add_argument(
-        "--weights", default=None, help="Hugging Face folder: config.json + *.safetensors"
+        "--weights",
+        default=None,
+        help="Hugging Face folder (config.json + *.safetensors) or a .gguf file (Llama, Qwen2, "
+        "Qwen3, Phi-3, Gemma 3; dequantized once into the cache)",
     )
     build.add_argument("--attention", choices=[a.value for a in Attention], default="folded")
     build.add_argument("--kv", choices=[k.value for k in KVCache], default="state")
+    build.add_argument(
+        "--kv-window",
+        action="store_true",
+        help="sliding-window layers cache only their window (a ring; kv=state, no prefill)",
+    )
     build.add_argument("--context", type=int, default=512)
     build.add_argument("--prefill-chunk", type=int, default=None, help="add a prefill function")
     build.add_argument("--layers", type=int, default=None)
@@ -65,6 +73,7 @@ def _variant(args: argparse.Namespace) -> VariantSpec:
         return VariantSpec(
             attention=args.attention,
             kv=args.kv,
+            kv_window=args.kv_window,
             context=args.context,
             prefill_chunk=args.prefill_chunk,
             layers=args.layers,
@@ -92,12 +101,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         raise CliError("give --preset NAME or --weights DIR")
     if weights is None and args.preset not in MODELS:
         raise CliError(f"unknown preset {args.preset!r}; known: {', '.join(sorted(MODELS))}")
-    if weights is not None and not (weights / "config.json").is_file():
-        raise CliError(f"--weights: {weights} has no config.json")
     variant = _variant(args)
     out_dir = Path(args.out)
     model = args.preset or weights.resolve().name  # type: ignore[union-attr]
     cache = None if args.no_cache else BuildCache(Path(args.cache_dir) if args.cache_dir else None)
+    if weights is not None and weights.suffix == ".gguf" and weights.is_file():
+        model = weights.name.split(".")[0]
+        weights = _dequantized(weights, cache.root if cache else out_dir)
+    if weights is not None and not (weights / "config.json").is_file():
+        raise CliError(f"--weights: {weights} has no config.json")
 
     # The cache is asked before torch and coremltools are imported: a hit takes milliseconds.
     fingerprint = None
@@ -131,6 +143,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"(key {report.key[:12]}): {_summary(report)}"
     )
     return 0
+
+
+def _dequantized(gguf: Path, root: Path) -> Path:
+    """The GGUF file as a Hugging Face folder, dequantized by transformers once (cached)."""
+    from decodebench.building.realmodels import FetchError, dequantize_gguf
+    from decodebench.modelfiles import ModelFileError
+
+    try:
+        return dequantize_gguf(gguf, root)
+    except (ModelFileError, FetchError) as error:
+        raise CliError(f"--weights: {error}") from None
 
 
 def _summary(report: BuildReport) -> str:

@@ -28,14 +28,53 @@ class KvState(Contract):
     positions: int = 0
     bytes_per_position: int = 0
     read: bool = True
+    # A sliding-window layer's cache: the layer sees at most this many positions (0: all).
+    window: int = 0
 
     def read_at(self, position: int) -> int:
-        """Bytes of positions ``0..position`` (what a position-aware kernel would read)."""
+        """Bytes of the positions a token at ``position`` attends to (what a position-aware
+        kernel would read): ``0..position``, the last ``window`` of them in a sliding layer."""
         if not self.read:
             return 0
         if not self.positions:
             return self.bytes
-        return self.bytes_per_position * min(position + 1, self.positions)
+        seen = min(position + 1, self.positions)
+        if self.window:
+            seen = min(seen, self.window)
+        return self.bytes_per_position * seen
+
+    def read_over(self, context: int, windowed: bool) -> int:
+        """Bytes a static-shape graph reads from this cache per token when it holds ``context``
+        positions, or, ``windowed`` and sliding, only its window (a ring of the window)."""
+        if not self.read:
+            return 0
+        positions = min(self.window, context) if windowed and self.window else context
+        return self.bytes_per_position * positions
+
+
+class SlidingWindow(Contract):
+    """What sliding-window layers (Gemma 3) change in the bytes a token moves.
+
+    A sliding layer attends to its last ``window`` positions only. A cache of the whole context
+    (the plain layout) is still read whole by the static-shape graph, masked; a ring of the
+    window (``kv_window``) is read whole too, and is ``context / window`` times smaller. Both
+    figures are this build's bytes per token with every KV read counted over the layout's cache
+    lengths; weights, KV writes and copies are this build's.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    window: int
+    context: int
+    sliding_caches: int  # K and V caches of the sliding layers
+    caches: int
+    windowed: bool  # this build keeps only the window (kv_window)
+    full_context_bytes: int  # per token, every cache holding the whole context
+    windowed_bytes: int  # per token, sliding caches holding only their window
+
+    @property
+    def saving(self) -> int:
+        return self.full_context_bytes - self.windowed_bytes
 
 
 class RedundantCopy(Contract):
@@ -118,6 +157,7 @@ class GraphAnalysis(Contract):
     state_bytes: int
     states: list[KvState]
     bytes_per_token: BytesPerToken
+    sliding_window: SlidingWindow | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -144,6 +184,23 @@ class GraphAnalysis(Contract):
     def predict(self, profile: DeviceProfile) -> float:
         """Predicted decode tok/s on one device class."""
         return profile.predicted_tok_s(self.bytes_per_token.total, self.dispatch_ops)
+
+    def predicted_layouts(
+        self, profiles: Iterable[DeviceProfile] | None = None
+    ) -> dict[str, tuple[float, float]]:
+        """Predicted tok/s per device class with full-context caches and with windowed ones
+        (empty without sliding layers)."""
+        sliding = self.sliding_window
+        if sliding is None:
+            return {}
+        chosen = DEVICE_PROFILES.values() if profiles is None else profiles
+        return {
+            profile.device_class: (
+                profile.predicted_tok_s(sliding.full_context_bytes, self.dispatch_ops),
+                profile.predicted_tok_s(sliding.windowed_bytes, self.dispatch_ops),
+            )
+            for profile in chosen
+        }
 
     def kv_read_at(self, position: int) -> int:
         """KV bytes a kernel reading only positions ``0..position`` would move."""

@@ -59,9 +59,10 @@ _LATER_AXES_DEFAULTS: dict[str, object] = {
     "prefill_chunk": None,
     "package": None,
     "fold": False,
+    "kv_window": False,
 }
 # What a package built elsewhere already decides: a variant naming one leaves these out.
-_PACKAGE_DECIDES = ("attention", "kv", "quant", "layers", "prefill_chunk")
+_PACKAGE_DECIDES = ("attention", "kv", "kv_window", "quant", "layers", "prefill_chunk")
 
 
 class VariantSpec(Incoming):
@@ -76,6 +77,11 @@ class VariantSpec(Incoming):
     kv: KVCache = Field(
         default=KVCache.state,
         description="state: KV cache is Core ML state; input: host-owned cache passed in",
+    )
+    kv_window: StrictBool = Field(
+        default=False,
+        description="Sliding-window layers keep only their last window of K/V (a ring buffer) "
+        "instead of the whole context; kv=state, decode only, a model with sliding layers",
     )
     context: StrictInt = Field(default=512, ge=64, le=8192, description="KV-cache length in tokens")
     prefill_chunk: StrictInt | None = Field(
@@ -143,6 +149,19 @@ class VariantSpec(Incoming):
             raise ValueError(str(error)) from None
 
     @model_validator(mode="after")
+    def _window_is_a_decode_state(self) -> VariantSpec:
+        if not self.kv_window:
+            return self
+        if self.kv != KVCache.state:
+            raise ValueError("kv_window needs kv=state (the ring is written in the graph)")
+        if self.prefill_chunk is not None:
+            raise ValueError(
+                "kv_window has no prefill function (a chunk would overwrite keys its own "
+                "earlier rows still see); leave out prefill_chunk"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _chunk_fits_context(self) -> VariantSpec:
         if self.prefill_chunk is not None and self.prefill_chunk > self.context:
             raise ValueError(
@@ -159,6 +178,8 @@ class VariantSpec(Incoming):
         parts = [self.attention.value, f"ctx{self.context}", self.quant]
         if self.kv != KVCache.state:
             parts.append(f"kv{self.kv.value}")
+        if self.kv_window:
+            parts.append("kvwin")
         if self.prefill_chunk is not None:
             parts.append(f"pf{self.prefill_chunk}")
         if self.layers is not None:
@@ -329,6 +350,10 @@ class SweepSpec(Incoming):
                 raise ValueError(
                     f"variants.{index}.layers ({variant.layers}) is more than the "
                     f"{preset.num_layers} decoder layers {self.model} has"
+                )
+            if variant.kv_window and not any(preset.sliding_layers or ()):
+                raise ValueError(
+                    f"variants.{index}.kv_window: {self.model} has no sliding-window layers"
                 )
             layers = variant.layers or preset.num_layers
             promoted = parse_recipe(variant.quant).promote_top

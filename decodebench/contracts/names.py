@@ -83,3 +83,10 @@ REPORT_NAME = "build.json"
 JOB_FILE = "job.json"
 RESULTS_FILE = "results.json"
 DONE_MARKER = "done"
+
+
+# What a build writes in its package's metadata about sliding-window layers (the analysis reads
+# it: a program's graph does not say which cache a sliding layer holds).
+METADATA_CONTEXT = "decodebench.context"
+METADATA_SLIDING_WINDOW = "decodebench.sliding_window"
+METADATA_SLIDING_CACHES = "decodebench.sliding_caches"

@@ -147,6 +147,10 @@ def recognise(
         )
     context = _context_from_states(interpreter)
     specs = list(interpreter.inputs.values())
+    # Every cache a ring of a sliding window (all layers slide): the mask still spans the context.
+    context = max(
+        [context] + [spec.shape[-1] for spec in specs if spec.shape and MASK_NAME.search(spec.name)]
+    )
     logits = _logits(interpreter, mapping, program)
     evidence = infer_roles(interpreter.function, logits.shape[-1], context)
     mapped = {name for name in (mapping.token, mapping.position, mapping.mask) if name}
@@ -209,11 +213,13 @@ def recognise(
 
 
 def _context_from_states(interpreter: Interpreter) -> int:
-    # A KV cache is [..., context, head_dim]: the second-to-last axis, the same in every state.
+    # A KV cache is [..., context, head_dim]: the second-to-last axis. The context is the
+    # longest cache; a sliding layer's ring (kv_window) holds only its window, and a ring only
+    # makes sense next to full-context caches, so two lengths at most.
     lengths = {spec.shape[-2] for spec in interpreter.states.values() if len(spec.shape) >= 2}
-    if len(lengths) != 1:
+    if not lengths or len(lengths) > 2:
         raise MilError(f"states disagree on the context length: {sorted(lengths)}")
-    return lengths.pop()
+    return max(lengths)
 
 
 def _logits(interpreter: Interpreter, mapping: InputMapping, program: str) -> TensorSpec:

@@ -13,6 +13,12 @@ Inputs, in forward order:
 
 Output ``logits`` [1, C, vocab] (then the new K/V with ``kv="input"``).
 
+``kv_window`` (``kv="state"``, decode only): a sliding layer's cache holds only its last
+``W = min(sliding_window, context)`` keys and values, a ring written at slot ``position mod W``.
+The ring holds exactly the keys the layer may see, in some order (softmax does not care, and RoPE
+was applied before caching), so its mask is the first W columns of the causal mask: a slot is
+seen once it has been written. The inputs are those of ``kv="state"``.
+
 Module and parameter names follow Hugging Face (``model.layers.0.self_attn.q_proj.weight``, ...)
 so a transformers checkpoint of the same shape loads with ``load_state_dict``.
 """
@@ -111,6 +117,7 @@ class DecodeStepModel(nn.Module):
         kv: KVCache | str = KVCache.state,
         query_length: int = 1,
         weights: dict[str, torch.Tensor] | None = None,
+        kv_window: bool = False,
     ) -> None:
         super().__init__()
         if not 1 <= query_length <= context:
@@ -141,6 +148,8 @@ class DecodeStepModel(nn.Module):
             self._assign_weights(weights)
         self.family = family_for(config)
         self.sliding = [self.family.sliding(config, index) for index in range(config.num_layers)]
+        self.kv_window = kv_window
+        self.cache_slots = self._cache_slots()
         cos, sin = rope_tables(config, context)
         self.register_buffer("rope_cos", cos.to(dtype), persistent=False)
         self.register_buffer("rope_sin", sin.to(dtype), persistent=False)
@@ -151,6 +160,17 @@ class DecodeStepModel(nn.Module):
         self._register_constants()
         self.kv_mode.register_caches(self)
         self.eval()
+
+    def _cache_slots(self) -> list[int]:
+        """Each layer's cache length: the context, or a sliding layer's window with kv_window."""
+        if not self.kv_window:
+            return [self.context] * self.config.num_layers
+        if self.kv != KVCache.state or self.query_length != 1:
+            raise ValueError("kv_window is a decode step with kv='state'")
+        if not any(self.sliding):
+            raise ValueError(f"kv_window: {self.config.name} has no sliding-window layers")
+        window = min(self.config.sliding_window or self.context, self.context)
+        return [window if sliding else self.context for sliding in self.sliding]
 
     def _register_constants(self) -> None:
         # Positions of the query rows relative to `position`: on the merged group x sequence axis
@@ -217,6 +237,7 @@ class DecodeStepModel(nn.Module):
             self.kv,
             query_length,
             weights=dict(self.named_parameters()),
+            kv_window=self.kv_window,
         )
         self.kv_mode.share_caches(self, twin)
         return twin
@@ -227,6 +248,16 @@ class DecodeStepModel(nn.Module):
         for index in range(self.config.num_layers):
             names += [f"key_cache_{index}", f"value_cache_{index}"]
         return names
+
+    def cache_shape(self, index: int) -> tuple[int, int, int, int]:
+        """Layer ``index``'s key (and value) cache shape [1, Hkv, slots, head_dim]."""
+        config = self.config
+        return (1, config.num_key_value_heads, self.cache_slots[index], config.head_dim)
+
+    def sliding_cache_names(self) -> list[str]:
+        """The caches of sliding-window layers (keys and values), in :meth:`cache_names` order."""
+        names = self.cache_names()
+        return [name for index, name in enumerate(names) if self.sliding[index // 2]]
 
     def new_kv_names(self) -> list[str]:
         """Output names of the new K/V with ``kv="input"``, in layer order."""
@@ -274,8 +305,11 @@ class DecodeStepModel(nn.Module):
         for index, layer in enumerate(self.model.layers):
             key_cache, value_cache = self.kv_mode.layer_caches(self, index, caches)
             layer_cos, layer_sin, mask = local if self.sliding[index] else (cos, sin, causal)
+            slot, slots = position, self.cache_slots[index]
+            if slots < self.context:  # a ring: the window's slots, written at position mod W
+                slot, mask = position % slots, causal[..., :slots]
             hidden, key, value = layer(
-                hidden, layer_cos, layer_sin, mask, position, key_cache, value_cache, new_mask
+                hidden, layer_cos, layer_sin, mask, slot, key_cache, value_cache, new_mask
             )
             new_kv += [key, value]
         hidden = self.model.norm(hidden)

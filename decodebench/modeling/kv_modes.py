@@ -124,9 +124,8 @@ class StateCache(KVMode):
         return model.caches(index)
 
     def register_caches(self, model: Any) -> None:
-        config = model.config
-        shape = (1, config.num_key_value_heads, model.context, config.head_dim)
-        for name in model.cache_names():
+        for number, name in enumerate(model.cache_names()):
+            shape = model.cache_shape(number // 2)
             model.register_buffer(name, torch.zeros(shape, dtype=model.dtype), persistent=False)
 
     def share_caches(self, model: Any, twin: Any) -> None:
@@ -187,9 +186,10 @@ class InputCache(KVMode):
         return model.new_token_mask if model.query_length > 1 else None
 
     def host_caches(self, model: Any) -> list[torch.Tensor]:
-        config = model.config
-        shape = (1, config.num_key_value_heads, model.context, config.head_dim)
-        return [torch.zeros(shape, dtype=model.dtype) for _ in model.cache_names()]
+        return [
+            torch.zeros(model.cache_shape(number // 2), dtype=model.dtype)
+            for number, _ in enumerate(model.cache_names())
+        ]
 
 
 KV_MODES: dict[KVCache, KVMode] = {KVCache.state: StateCache(), KVCache.input: InputCache()}

@@ -106,9 +106,15 @@ def check_pytorch_decoder(folder: Path, prompt: list[int], steps: int, context: 
 
 
 def check_packages(
-    folder: Path, prompt: list[int], steps: int, context: int, out: Path
+    folder: Path,
+    prompt: list[int],
+    steps: int,
+    context: int,
+    out: Path,
+    variants: tuple[dict[str, Any], ...] = (),
 ) -> list[int]:
-    """fp16 packages built from ``folder`` decode transformers fp32's greedy tokens exactly."""
+    """fp16 packages built from ``folder`` decode transformers fp32's greedy tokens exactly:
+    both layouts and KV modes, and each of ``variants`` (more VariantSpec fields)."""
     from decodebench.building.agreement import measure_agreement
     from decodebench.building.build import PACKAGE_NAME, build_variant
     from decodebench.building.reference import reference_outputs
@@ -119,12 +125,52 @@ def check_packages(
     along = reference_logits(folder, prompt + expected[:-1])[len(prompt) - 1 :]
     assert len(set(expected)) > 3, expected  # a varied path, or equality proves little
     assert float(margins(along).min()) > MIN_MARGIN, margins(along)
-    for attention, kv in VARIANTS:
-        variant = VariantSpec(attention=attention, kv=kv, context=context)
-        target = out / f"{attention.value}-{kv.value}"
+    specs = [{"attention": attention, "kv": kv} for attention, kv in VARIANTS] + list(variants)
+    for fields in specs:
+        variant = VariantSpec(**fields, context=context)
+        target = out / variant.label
         with quiet_coremltools():
             build_variant(folder.name, variant, target, weights=folder)
         report = measure_agreement(target / PACKAGE_NAME, [prompt], [expected], steps)
         assert report.non_finite == 0, report
-        assert report.prompts[0].tokens == expected, (attention, kv, report.prompts[0])
+        assert report.prompts[0].tokens == expected, (variant.label, report.prompts[0])
     return expected
+
+
+def check_windowed_decoder(folder: Path, prompt: list[int], steps: int, context: int) -> None:
+    """With ``kv_window`` (sliding layers keep a ring of their window) our fp32 decoder gives
+    transformers' logits along its greedy path, past the window."""
+    from decodebench.modeling import build_model, greedy_decode
+
+    config, tensors = load_checkpoint(folder, dtype=torch.float32)
+    assert config.sliding_window is not None and len(prompt) > config.sliding_window
+    for attention in Attention:
+        model = build_model(config, context, attention, weights=tensors, kv_window=True)
+        slots = {tuple(getattr(model, name).shape)[2] for name in model.sliding_cache_names()}
+        assert slots == {config.sliding_window}  # a ring of the window, not the context
+        tokens, logits = greedy_decode(model, prompt, steps)
+        expected = reference_logits(folder, prompt + tokens[:-1])
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(torch.stack(logits), expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+# A Qwen3 of two narrow layers (head_dim its own figure, q/k norms, tied embeddings): an upload
+# that builds in seconds.
+QWEN3_FIELDS: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "tie_word_embeddings": True,
+    "rope_theta": 10_000.0,
+    "max_position_embeddings": 256,
+    "initializer_range": 0.3,
+}
+
+
+def qwen3_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3 checkpoint saved by transformers' Qwen3ForCausalLM (massive channels too)."""
+    return tiny_checkpoint(folder, "Qwen3Config", "Qwen3ForCausalLM", QWEN3_FIELDS, seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,79 @@ def test_fingerprint_follows_content_and_remembers(tmp_path: Path) -> None:
     tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1
     write_folder(folder, config, tensors)
     assert fingerprint(folder, memo) != first
+
+
+def _longrope_phi() -> ModelConfig:
+    """Phi-4-mini with LongRoPE factors (the preset leaves them out): 48 of each for its 96
+    rotated dimensions, the attention factor as transformers derives it."""
+    from decodebench.contracts.presets import PHI_4_MINI, LongRopeScaling
+
+    pairs = PHI_4_MINI.rotary_dim // 2
+    original, longest = 4096, 131072
+    return PHI_4_MINI.model_copy(
+        update={
+            "name": "phi-4-mini-longrope",
+            "rope_scaling": LongRopeScaling(
+                short_factor=tuple(1.0 + index / 100 for index in range(pairs)),
+                long_factor=tuple(1.0 + index for index in range(pairs)),
+                original_max_position_embeddings=original,
+                attention_factor=(1 + math.log(longest / original) / math.log(original)) ** 0.5,
+            ),
+        }
+    )
+
+
+def _capped_gemma() -> ModelConfig:
+    from decodebench.contracts.presets import GEMMA_3_270M
+
+    return GEMMA_3_270M.model_copy(update={"name": "gemma-capped", "final_logit_softcapping": 30.0})
+
+
+def _round_trip_configs() -> list[ModelConfig]:
+    from decodebench.contracts.presets import PRESETS
+
+    return [*PRESETS.values(), _longrope_phi(), _capped_gemma()]
+
+
+@pytest.mark.parametrize("config", _round_trip_configs(), ids=lambda config: config.name)
+def test_a_config_round_trips_through_transformers_config_class(config: ModelConfig) -> None:
+    """hf_config_dict gives transformers' own config class every field the decoder reads: its
+    to_dict() reads back as the same ModelConfig."""
+    fields = hf_config_dict(config, max_position_embeddings=131072)
+    hf_config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    assert model_config_from_hf(hf_config.to_dict(), config.name) == config
+
+
+def test_longrope_fields_reach_transformers_rope() -> None:
+    """The short and long factors and the original context are what transformers' LongRoPE
+    initialisation reads, and it derives the attention factor we carry."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = _longrope_phi()
+    scaling = config.rope_scaling
+    assert scaling is not None and scaling.rope_type == "longrope"
+    fields = hf_config_dict(config, max_position_embeddings=131072)
+    hf_config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    rope = hf_config.rope_parameters
+    assert tuple(rope["short_factor"]) == scaling.short_factor
+    assert tuple(rope["long_factor"]) == scaling.long_factor
+    assert hf_config.original_max_position_embeddings == scaling.original_max_position_embeddings
+    _, attention_factor = ROPE_INIT_FUNCTIONS["longrope"](hf_config, "cpu")
+    assert attention_factor == pytest.approx(scaling.attention_factor, rel=1e-12)
+
+
+def test_gemma_fields_reach_transformers_config() -> None:
+    from decodebench.contracts.presets import GEMMA_3_1B
+
+    fields = hf_config_dict(GEMMA_3_1B)
+    hf_config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    assert type(hf_config).__name__ == "Gemma3TextConfig"
+    sliding = [kind == "sliding_attention" for kind in hf_config.layer_types]
+    assert tuple(map(int, sliding)) == GEMMA_3_1B.sliding_layers
+    assert hf_config.sliding_window == GEMMA_3_1B.sliding_window
+    assert hf_config.rope_parameters["sliding_attention"]["rope_theta"] == (
+        GEMMA_3_1B.rope_local_theta
+    )
+    assert hf_config.rope_parameters["full_attention"]["rope_theta"] == GEMMA_3_1B.rope_theta
+    assert hf_config.query_pre_attn_scalar == GEMMA_3_1B.query_pre_attn_scalar
+    assert hf_config.hidden_activation == "gelu_pytorch_tanh"

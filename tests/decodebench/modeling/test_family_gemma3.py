@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from decodebench.building.weights import WeightsError, expected_shapes, model_config_from_hf
-from tests.support.families import check_packages, check_pytorch_decoder, tiny_checkpoint
+from decodebench.contracts.domain import Attention
+from tests.support.families import (
+    check_packages,
+    check_pytorch_decoder,
+    check_windowed_decoder,
+    tiny_checkpoint,
+)
 
 CONTEXT = 64
 WINDOW = 8
@@ -91,6 +97,11 @@ def test_pytorch_decoder_matches_transformers(folder: Path) -> None:
     check_pytorch_decoder(folder, PROMPT, STEPS, CONTEXT)
 
 
+def test_windowed_cache_decoder_matches_transformers(folder: Path) -> None:
+    """kv_window: the sliding layers' ring of WINDOW slots, over a prompt twice the window."""
+    check_windowed_decoder(folder, PROMPT, STEPS, CONTEXT)
+
+
 def test_attention_softcapping_set_matches_transformers(tmp_path: Path) -> None:
     """transformers' Gemma 3 carries attn_logit_softcapping without applying it: so do we."""
     folder = make(tmp_path / "capped", {**FIELDS, "attn_logit_softcapping": 5.0})
@@ -99,4 +110,5 @@ def test_attention_softcapping_set_matches_transformers(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fp16_packages_decode_the_fp32_tokens(folder: Path, tmp_path: Path) -> None:
-    check_packages(folder, PROMPT, STEPS, CONTEXT, tmp_path)
+    windowed = {"attention": Attention.folded, "kv_window": True}
+    check_packages(folder, PROMPT, STEPS, CONTEXT, tmp_path, variants=(windowed,))
