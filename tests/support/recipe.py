@@ -167,7 +167,7 @@ def _convert_io(model: Any, context: int) -> Any:
             ct.TensorType(name="value_cache_out", dtype=np.float16),
         ],
         convert_to="mlprogram",
-        minimum_deployment_target=ct.target.iOS17,
+        minimum_deployment_target=ct.target.iOS18,  # the index_copy_ seam emits slice_update
         compute_precision=ct.precision.FLOAT16,
         skip_model_load=True,
     )
