@@ -7,8 +7,9 @@ For a norm over the last axis of ``v`` (``x`` for RMSNorm, ``x - mean(x)`` for L
 exactly, for any m > 0. With ``v/m`` in [-1, 1] its square cannot overflow, and ``eps/m²`` keeps
 eps at its true weight (coremltools' own ``rms_norm`` lowering adds eps to the scaled mean
 unscaled, which is eps·m² on the true scale; this repair fixes that too). ``m`` is floored at
-2^-14 so an all-zero row gives zeros instead of 0/0. The rewrite adds, per norm, ``abs``,
-``reduce_max``, ``maximum``, ``real_div`` and two small ops on one row of m: elementwise ops
+2^-14 (or sqrt(eps/1024), whichever is larger) so an all-zero row gives zeros instead of 0/0
+and eps/m² stays finite; any m > 0 keeps the identity exact. The rewrite adds, per norm, ``abs``,
+``reduce_max``, ``maximum``, ``real_div`` and two divisions of eps by m (one value per row): elementwise ops
 over the hidden vector the analysis counts like any other.
 
 Norms already computed in fp32 (their square declared fp32) are left as they are, and reported.
@@ -16,6 +17,7 @@ Norms already computed in fp32 (their square declared fp32) are left as they are
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -54,9 +56,9 @@ def _rewrite(norm: Norm, name: str) -> Any:
     peak = mb.reduce_max(
         x=magnitude, axes=axes, keep_dims=True, name=f"{name}_max", before_op=before
     )
-    scale = mb.maximum(
-        x=peak, y=_constant(SMALLEST_SCALE, operand), name=f"{name}_scale", before_op=before
-    )
+    # Floored so that eps / m² stays finite (at most 1024) on an all-zero row.
+    floor = max(SMALLEST_SCALE, math.sqrt(norm.eps / 1024.0))
+    scale = mb.maximum(x=peak, y=_constant(floor, operand), name=f"{name}_scale", before_op=before)
     scaled = mb.real_div(x=operand, y=scale, name=f"{name}_scaled", before_op=before)
     squared = mb.mul(x=scaled, y=scaled, name=f"{name}_square", before_op=before)
     mean = mb.reduce_mean(
