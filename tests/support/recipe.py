@@ -171,3 +171,38 @@ def _convert_io(model: Any, context: int) -> Any:
         compute_precision=ct.precision.FLOAT16,
         skip_model_load=True,
     )
+
+
+def tiny_llama_with_massive_channel(peak: float = 400.0, layers: int = 3) -> Any:
+    """A small random Llama (transformers) whose layer 1 writes one massive residual channel.
+
+    Layer 0's MLP down-projection writes about ``peak`` into residual channel 9, so from layer 1's input norm on, x[9] is hundreds and x² passes 65,504 in fp16:
+    the shape of SmolLM2's massive activations, in a model that converts in seconds.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        mlp = model.model.layers[0].mlp
+        # Channel 0 of every embedding is 1 (the others ~0.02), so after the post-attention
+        # norm it is about 8 whatever the token: gate and up read it alone in channel 5,
+        # silu(8) * 8 ~ 64, and the down-projection writes ~peak into residual channel 9.
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for projection in (mlp.gate_proj, mlp.up_proj):
+            projection.weight[5].fill_(0.0)
+            projection.weight[5, 0] = 1.0
+        mlp.down_proj.weight[9].fill_(0.0)
+        mlp.down_proj.weight[9, 5] = peak / 64
+    return model
