@@ -66,6 +66,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from decodebench.mil.repair import render, repair_mlpackage
 
     try:
+        if not (Path(args.source) / "Manifest.json").is_file():
+            raise MilError(f"{args.source} is not an .mlpackage (no Manifest.json)")
         with quiet_coremltools():
             prompts = _prompts(args)
             headroom = None
