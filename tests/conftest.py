@@ -228,3 +228,13 @@ def smollm2_recipe_package(smollm2_folder):
     from tests.support.recipe import recipe_package
 
     return recipe_package(smollm2_folder, "state", 256)
+
+
+@pytest.fixture(scope="session")
+def massive_llama_io_package(tmp_path_factory: pytest.TempPathFactory):
+    """The same model converted with its KV cache as inputs and outputs (the older layout)."""
+    from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+
+    target = tmp_path_factory.mktemp("massive-llama-io") / "model.mlpackage"
+    convert_model(tiny_llama_with_massive_channel(), target, "io", 64)
+    return target

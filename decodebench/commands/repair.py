@@ -5,7 +5,9 @@ proves each against the package's own fp32 run on the chat prompts (each prompt,
 ``--steps`` greedy tokens) and keeps a repair only if it improves agreement (the fold: if it does
 not make it worse). Prints what changed, the share of prompts with identical tokens, the first
 divergent step and the logit error, per candidate. With ``--diagnose`` it first prints the fp16
-headroom by layer and role and the first op that overflows.
+headroom by layer and role, the first op that overflows, and the avoidable bytes per token
+(replicated K/V, copies, KV cache as I/O, fp32 islands, full-context masks, a dominant lm_head)
+with their fixes and the predicted tok/s after each.
 
 Prompts need a tokenizer: ``--weights DIR`` (a Hugging Face folder), or ``--model smollm2-135m``
 (fetched once). Exit status 0 when OUT was written, 2 on error.
@@ -60,10 +62,13 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
+    from decodebench.analysis.analyze import analyze_mlpackage
     from decodebench.mil.headroom import measure_headroom
     from decodebench.mil.headroom import render as render_headroom
     from decodebench.mil.program import MilError, quiet_coremltools
     from decodebench.mil.repair import render, repair_mlpackage
+    from decodebench.mil.waste import find_waste
+    from decodebench.mil.waste import render as render_waste
 
     try:
         if not (Path(args.source) / "Manifest.json").is_file():
@@ -71,10 +76,14 @@ def cmd_repair(args: argparse.Namespace) -> int:
         with quiet_coremltools():
             prompts = _prompts(args)
             headroom = None
+            waste: list[Any] = []
             if args.diagnose:
+                analysis = analyze_mlpackage(args.source)
+                waste = find_waste(args.source, analysis)
                 headroom = measure_headroom(args.source, prompts, args.steps)
                 if not args.json:
                     print("\n".join(render_headroom(headroom)), flush=True)
+                    print("\n".join(render_waste(waste, analysis)), flush=True)
             report = repair_mlpackage(args.source, args.target, prompts, args.steps)
     except (MilError, ValueError, OSError) as error:
         print(f"decodebench repair: error: {error}", file=sys.stderr)
@@ -85,6 +94,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         payload = report.model_dump(mode="json")
         if headroom is not None:
             payload["headroom"] = headroom.model_dump(mode="json")
+            payload["waste"] = [item.model_dump(mode="json") for item in waste]
         print(json.dumps(payload, indent=2))
     else:
         print(render(report))

@@ -29,6 +29,7 @@ from decodebench.mil.widen import widen_program
 
 FP16_MAX = 65504.0
 DEFAULT_MARGIN = 4.0
+CLOSE_SHOWN = 10
 
 
 class PeakRecorder(Interpreter):
@@ -223,7 +224,10 @@ def render(report: HeadroomReport) -> list[str]:
     lines.append(
         f"  hazards: {len(overflows)} ops overflow, {len(close)} within {report.margin:g}x"
     )
-    for hazard in sorted(report.hazards, key=lambda item: -item.peak):
-        kind = "OVERFLOW" if hazard.overflows else "close   "
-        lines.append(f"  [{kind}] {hazard.describe()}")
+    for hazard in overflows:  # in program order
+        lines.append(f"  [OVERFLOW] {hazard.describe()}")
+    for hazard in sorted(close, key=lambda item: -item.peak)[:CLOSE_SHOWN]:
+        lines.append(f"  [close]    {hazard.describe()}")
+    if len(close) > CLOSE_SHOWN:
+        lines.append(f"  ... and {len(close) - CLOSE_SHOWN} more within {report.margin:g}x")
     return lines

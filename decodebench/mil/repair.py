@@ -15,6 +15,7 @@ worse. The output package holds what was kept; with nothing kept it is a byte co
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -81,9 +82,9 @@ class Agreement(BaseModel):
 
     def summary(self) -> str:
         divergent = {p.index: p.first_divergent_step for p in self.prompts if not p.identical}
-        text = (
-            f"{self.identical}/{len(self.prompts)} prompts identical ({self.share:.0%}), "
-            f"max |logit diff| {self.max_abs_logit_diff:.4g}"
+        error = self.max_abs_logit_diff
+        text = f"{self.identical}/{len(self.prompts)} prompts identical ({self.share:.0%}), " + (
+            f"max |logit diff| {error:.4g}" if math.isfinite(error) else "no finite logits"
         )
         if self.non_finite:
             text += f", {self.non_finite} non-finite"
