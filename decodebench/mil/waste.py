@@ -4,7 +4,7 @@ Each :class:`Waste` says what moves, how many bytes per token it costs, the fix,
 predicted tok/s per device class with those bytes gone (the analysis's one prediction,
 :meth:`decodebench.contracts.profiles.DeviceProfile.predicted_tok_s`, on the total minus them):
 
-- **replicated K/V** (``tile``/repeat copies, counted by the analysis): fold (``decodebench fold``);
+- **tiles and repeats** (counted by the analysis): of K/V heads, fold (``decodebench fold``);
 - **other pure copies** (transposes, broadcasts): fold them into their reader;
 - **KV cache as inputs/outputs**: a cache input passed out again whole, updated, crosses memory
   in and out every step where a state is written one slice; the fix (Core ML states) needs the
@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from coremltools.converters.mil.mil import types
 from pydantic import BaseModel, ConfigDict
 
 from decodebench.analysis.analyze import analyze_mlpackage
@@ -33,6 +34,7 @@ from decodebench.mil.program import load_package
 
 LM_HEAD_SHARE = 0.25
 PALETTE_BITS = 6
+REPLICATIONS = ("tile", "repeat_concat", "repeat_gather")
 
 
 class Waste(BaseModel):
@@ -76,19 +78,28 @@ def find_waste(path: Path | str, analysis: GraphAnalysis | None = None) -> list[
     )
     found: list[Waste] = []
 
-    def add(kind: str, what: str, saved: int, fix: str, applicable: bool) -> None:
+    def add(kind: str, what: str, saved: int, fix: str, applicable: bool = False) -> None:
         if saved > 0:
+            after = _after(analysis, saved)
             found.append(Waste(kind=kind, what=what, bytes_per_token=saved, fix=fix,
-                               applicable=applicable, predicted_tok_s_after=_after(analysis, saved)))  # fmt: skip
+                               applicable=applicable, predicted_tok_s_after=after))  # fmt: skip
 
-    replicas = [copy for copy in analysis.redundant_ops if copy.kind in ("tile", "repeat_concat", "repeat_gather")]  # fmt: skip
-    add("replicated K/V", f"{len(replicas)} copies of the KV heads",
+    copies = analysis.redundant_ops
+    replicas = [copy for copy in copies if copy.kind in REPLICATIONS]
+    others = [copy for copy in copies if copy.kind not in REPLICATIONS]
+    add(
+        "tiles and repeats",
+        f"{len(replicas)} tile / repeat copies",
         sum(copy.moved_bytes for copy in replicas),
-        "fold the query instead (decodebench fold / repair)", True)  # fmt: skip
-    others = [copy for copy in analysis.redundant_ops if copy not in replicas]
-    add("pure copies", f"{len(others)} transposes / broadcasts written and read again",
-        sum(copy.moved_bytes for copy in others), "fold each into the op reading it", False)  # fmt: skip
-
+        "of K/V heads: fold the query instead (decodebench fold / repair); others: read the source",
+        applicable=True,
+    )
+    add(
+        "pure copies",
+        f"{len(others)} transposes / broadcasts written and read again",
+        sum(copy.moved_bytes for copy in others),
+        "fold each into the op reading it",
+    )
     outputs = list(function.outputs)
     cache_inputs = (
         [state.name for state in analysis.states] if analysis.kv_source == "inputs" else []
@@ -96,48 +107,63 @@ def find_waste(path: Path | str, analysis: GraphAnalysis | None = None) -> list[
     crossing = 0
     for name in cache_inputs:
         var = function.inputs.get(name)
-        if var is None:
-            continue
-        same = [out for out in outputs if tuple(out.shape) == tuple(var.shape)]
-        crossing += _bytes(var) + sum(_bytes(out) for out in same[:1])
-    add("KV cache as I/O",
-        f"{len(cache_inputs)} cache inputs passed in whole and out again every step", crossing,
-        "make the caches Core ML states (convert with states=..., iOS 18) and keep an MLState in "
-        "the decode loop: only the new K/V slice is written", False)  # fmt: skip
-
-    island = 0
-    count = 0
-    for op in function.operations:
-        if op.op_type != "cast" or not _is_computed(op.inputs["x"]):
-            continue
-        if str(op.inputs["dtype"].val) == "fp32" and op.inputs["x"].dtype.__name__ == "fp16":
-            count += 1
-            island += _bytes(op.outputs[0])  # the fp32 copy: twice the fp16 bytes, written and read
-    add("fp32 islands", f"{count} fp16 values widened to fp32 and computed on", island,
-        "compute in fp16 where the headroom allows (norms: the overflow-safe rewrite)", False)  # fmt: skip
-
+        if var is not None:
+            passed_out = [out for out in outputs if tuple(out.shape) == tuple(var.shape)]
+            crossing += _bytes(var) + sum(_bytes(out) for out in passed_out[:1])
+    add(
+        "KV cache as I/O",
+        f"{len(cache_inputs)} cache inputs passed in whole and out again every step",
+        crossing,
+        "make the caches Core ML states (convert with states=..., iOS 18) and keep an MLState "
+        "in the decode loop: only the new K/V slice is written",
+    )
+    widened = [
+        op
+        for op in function.operations
+        if op.op_type == "cast"
+        and _is_computed(op.inputs["x"])
+        and op.inputs["x"].dtype == types.fp16
+        and op.outputs[0].dtype == types.fp32
+    ]
+    add(
+        "fp32 islands",
+        f"{len(widened)} fp16 values widened to fp32 and computed on",
+        # Each fp32 copy is twice its fp16 bytes: the extra half written and read again.
+        sum(_bytes(op.outputs[0]) for op in widened),
+        "compute in fp16 where the headroom allows (norms: the overflow-safe rewrite)",
+    )
     context = max((state.positions for state in analysis.states), default=0)
     masks = [
-        var for var in function.inputs.values()
-        if var.name not in cache_inputs and getattr(var, "shape", None)
-        and len(var.shape) >= 2 and context and var.shape[-1] == context
-        and var.dtype.__name__ in ("fp16", "fp32")
-    ]  # fmt: skip
-    add("full-context masks", f"{len(masks)} mask input(s) of {context} positions every step",
+        var
+        for var in function.inputs.values()
+        if var.name not in cache_inputs
+        and types.is_tensor(var.sym_type)
+        and var.dtype in (types.fp16, types.fp32)
+        and len(var.shape) >= 2
+        and context
+        and var.shape[-1] == context
+    ]
+    add(
+        "full-context masks",
+        f"{len(masks)} mask input(s) of {context} positions every step",
         sum(_bytes(var) for var in masks),
-        "build the mask in the graph from the position input", False)  # fmt: skip
-
-    heads = []
-    for op in function.operations:
-        if op.op_type == "linear" and any(out in outputs for out in op.outputs):
-            heads.append(op.inputs["weight"])
+        "build the mask in the graph from the position input",
+    )
+    heads = [
+        op.inputs["weight"]
+        for op in function.operations
+        if op.op_type == "linear" and any(out in outputs for out in op.outputs)
+    ]
     head_bytes = sum(_bytes(weight) for weight in heads)
     weights = max(analysis.bytes_per_token.weights, 1)
-    if head_bytes and head_bytes / weights > LM_HEAD_SHARE:
+    if head_bytes / weights > LM_HEAD_SHARE:
         bits = numpy_dtype(heads[0].dtype).itemsize * 8
-        saved = int(head_bytes * (1 - PALETTE_BITS / bits))
-        add("lm_head dominates", f"the lm_head is {head_bytes / weights:.0%} of the weight bytes",
-            saved, f"palettize the lm_head to {PALETTE_BITS} bits", False)  # fmt: skip
+        add(
+            "lm_head dominates",
+            f"the lm_head is {head_bytes / weights:.0%} of the weight bytes",
+            int(head_bytes * (1 - PALETTE_BITS / bits)),
+            f"palettize the lm_head to {PALETTE_BITS} bits",
+        )
     return found
 
 
