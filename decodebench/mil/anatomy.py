@@ -42,12 +42,9 @@ class Place:
 
 
 def _is_computed(var: Any) -> bool:
-    return (
-        var.op is not None
-        and var.op.op_type not in ("const",)
-        and not var.op.op_type.startswith("constexpr_")
-        or var.op is None
-    )
+    """Not a constant (a function input or another op's output)."""
+    producer = var.op.op_type if var.op is not None else ""
+    return producer != "const" and not producer.startswith("constexpr_")
 
 
 def _reaches(start: Any, targets: set[int], hops: int = REACH_HOPS) -> bool:
@@ -182,9 +179,7 @@ def places(function: Any) -> dict[int, Place]:
                     role = "MLP down-projection"
                 elif post_norm_seen.get(layer):
                     role = "MLP up/gate projection"
-                elif index > max([s for s in score_order if s < index], default=-1) and any(
-                    s < index for s in score_order if section(s)[0] == layer
-                ):
+                elif any(s < index and section(s)[0] == layer for s in score_order):
                     role = "attention output projection"
                 else:
                     role = "attention projection"

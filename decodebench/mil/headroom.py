@@ -54,13 +54,10 @@ class PeakRecorder(Interpreter):
             array = np.asarray(value)
             if array.dtype.kind != "f" or array.size == 0:
                 continue
-            magnitude = np.abs(array[np.isfinite(array)]) if not np.isfinite(array).all() else None
-            largest = (
-                float(np.max(np.abs(array)))
-                if magnitude is None
-                else (float(np.max(magnitude)) if magnitude.size else 0.0)
-            )
-            peak = max(peak, largest)
+            finite = np.isfinite(array)
+            magnitudes = np.abs(array if finite.all() else array[finite])
+            if magnitudes.size:
+                peak = max(peak, float(magnitudes.max()))
         self.peaks[op.name] = peak
         return results
 
