@@ -21,10 +21,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from decodebench.mil.anatomy import Place, describe
-from decodebench.mil.inputs import recognise
+from decodebench.mil.cache_io import Session, decode_session
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import load_package
-from decodebench.mil.verify import DecodeSession
 from decodebench.mil.widen import widen_program
 
 FP16_MAX = 65504.0
@@ -117,7 +116,7 @@ class HeadroomReport(BaseModel):
         return [hazard for hazard in self.hazards if hazard.overflows]
 
 
-def _greedy(session: DecodeSession, prompt: Sequence[int], steps: int) -> list[int]:
+def _greedy(session: Session, prompt: Sequence[int], steps: int) -> list[int]:
     session.reset()
     logits = session.prefill(prompt)[-1]
     tokens = [int(np.argmax(logits))]
@@ -141,7 +140,7 @@ def measure_headroom(
     widen_program(wide)
     recorder = PeakRecorder(wide)
     places = describe(recorder.function)
-    session = DecodeSession(recorder, recognise(recorder, program=str(path)))
+    session = decode_session(recorder, str(path))
     per_prompt: list[dict[str, float]] = []
     reference: list[list[int]] = []
     for prompt in prompts:
@@ -186,7 +185,7 @@ def first_non_finite(
     """The first op producing a non-finite value when the fp16 program decodes the prompts."""
     program = load_package(path).program
     interpreter = Interpreter(program)
-    session = DecodeSession(interpreter, recognise(interpreter, program=str(path)))
+    session = decode_session(interpreter, str(path))
     places = describe(interpreter.function)
     for index, prompt in enumerate(prompts):
         try:

@@ -26,12 +26,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from decodebench.mil.cache_io import Session, decode_session
 from decodebench.mil.fold import FoldReport, fold_program
-from decodebench.mil.inputs import recognise
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.norm_repair import NormRepair, repair_norms
 from decodebench.mil.program import MilError, load_package, save_package
-from decodebench.mil.verify import DecodeSession
 from decodebench.mil.widen import widen_program
 
 REPAIR_METADATA_KEY = "decodebench.repair"
@@ -117,14 +116,13 @@ class RepairReport(BaseModel):
         return self.original
 
 
-def _session(program: Any, label: str) -> DecodeSession:
-    interpreter = Interpreter(program)
-    return DecodeSession(interpreter, recognise(interpreter, program=label))
+def _session(program: Any, label: str) -> Session:
+    return decode_session(Interpreter(program), label)
 
 
 def prove(
-    reference: DecodeSession,
-    candidates: dict[str, DecodeSession],
+    reference: Session,
+    candidates: dict[str, Session],
     prompts: Sequence[Sequence[int]],
     steps: int,
 ) -> tuple[list[list[int]], dict[str, Agreement]]:

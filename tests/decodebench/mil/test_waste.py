@@ -30,3 +30,17 @@ def test_kv_cache_as_inputs_and_outputs_is_named_with_its_bytes(
     assert "KV cache as I/O" not in {waste.kind for waste in stateful}
     masks = [waste for waste in stateful if waste.kind == "full-context masks"]
     assert [waste.bytes_per_token for waste in masks] == [64 * 2]  # [1, 1, 1, 64] fp16
+
+
+def test_the_kv_as_io_layout_is_driven_diagnosed_and_repaired(massive_llama_io_package, tmp_path):
+    from decodebench.mil.headroom import measure_headroom
+    from decodebench.mil.repair import repair_mlpackage
+
+    prompts = [[1, 2, 3, 4], [9, 8, 7]]
+    report = measure_headroom(massive_llama_io_package, prompts, steps=3)
+    assert report.first_non_finite is not None
+    assert report.first_non_finite.label == "layer 1 · input norm · square"
+
+    repaired = repair_mlpackage(massive_llama_io_package, tmp_path / "io.mlpackage", prompts, 3)
+    assert repaired.applied == ["norms"]
+    assert repaired.result.share == 1.0
