@@ -8,9 +8,9 @@ compares logits for the same context. Per candidate: the share of prompts whose 
 are all the reference's, the first divergent step of each other prompt, the largest logit
 difference, and the prompts where the candidate produced a non-finite value.
 
-A norm repair is kept only if it improves agreement (more identical prompts, or as many with a
-smaller logit error); the fold, a speed repair that is exact, only if it does not make agreement
-worse. The output package holds what was kept; with nothing kept it is a byte copy of the input.
+A norm repair is kept only if it improves agreement (more prompts with identical tokens, or as
+many and fewer with a non-finite value): a smaller logit error alone does not pay for its ops. The
+fold, a speed repair that is exact, is kept if it does not make agreement worse. The output package holds what was kept; with nothing kept it is a byte copy of the input.
 """
 
 from __future__ import annotations
@@ -69,15 +69,14 @@ class Agreement(BaseModel):
     def non_finite(self) -> int:
         return sum(prompt.non_finite is not None for prompt in self.prompts)
 
-    def better_than(self, other: Agreement) -> bool:
+    def improves_on(self, other: Agreement) -> bool:
+        """More prompts with identical tokens, or as many and fewer with a non-finite value."""
         if self.identical != other.identical:
             return self.identical > other.identical
-        if self.non_finite != other.non_finite:
-            return self.non_finite < other.non_finite
-        return self.max_abs_logit_diff < other.max_abs_logit_diff
+        return self.non_finite < other.non_finite
 
     def no_worse_than(self, other: Agreement) -> bool:
-        return not other.better_than(self)
+        return self.identical >= other.identical and self.non_finite <= other.non_finite
 
     def summary(self) -> str:
         divergent = {p.index: p.first_divergent_step for p in self.prompts if not p.identical}
@@ -215,7 +214,7 @@ def repair_mlpackage(
     refused: dict[str, str] = {}
     base = agreements["original"]
     if rewritten:
-        if agreements["norms"].better_than(base):
+        if agreements["norms"].improves_on(base):
             applied.append("norms")
             base = agreements["norms"]
         else:

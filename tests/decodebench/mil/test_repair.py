@@ -75,3 +75,45 @@ def test_smollm2_by_the_apple_recipe_overflows_at_layer_2_and_repaired_answers_p
     for step in range(7):
         tokens.append(session.next_token(tokens[-1], len(prompt) + step))
     assert decode_text(smollm2_folder, tokens).startswith("The capital of France is Paris.")
+
+
+def test_on_a_healthy_repeat_kv_build_the_fold_is_kept(tmp_path):
+    from decodebench.analysis.analyze import analyze_mlpackage
+    from decodebench.building.build import PACKAGE_NAME, build_variant
+    from decodebench.contracts.domain import VariantSpec
+
+    build_variant("tiny-gqa", VariantSpec(attention="repeat_kv", context=64), tmp_path / "rkv")
+    source = tmp_path / "rkv" / PACKAGE_NAME
+    target = tmp_path / "repaired.mlpackage"
+
+    report = repair_mlpackage_quietly(source, target)
+
+    assert report.original.share == 1.0  # nothing overflows: the fp16 build already agrees
+    assert report.fold is not None and report.fold.rewritten > 0
+    assert report.applied == ["fold"]
+    assert report.norms == []  # the project's own RMSNorm is pre-scaled already, not a pattern
+    assert analyze_mlpackage(target).tile_ops == 0 < analyze_mlpackage(source).tile_ops
+
+
+def test_a_norm_rewrite_that_does_not_improve_agreement_is_not_applied(tmp_path):
+    from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+
+    source = tmp_path / "benign.mlpackage"
+    convert_model(tiny_llama_with_massive_channel(peak=10.0), source, "state", 64)
+    target = tmp_path / "repaired.mlpackage"
+
+    report = repair_mlpackage_quietly(source, target)
+
+    assert report.original.share == 1.0 and report.original.non_finite == 0
+    assert {norm.status for norm in report.norms} == {"rewritten"}
+    assert report.applied == []
+    assert report.refused == {"norms": "does not improve agreement with the fp32 reference"}
+    assert (target / "Manifest.json").read_bytes() == (source / "Manifest.json").read_bytes()
+
+
+def repair_mlpackage_quietly(source, target):
+    from decodebench.mil.program import quiet_coremltools
+    from decodebench.mil.repair import repair_mlpackage
+
+    with quiet_coremltools():
+        return repair_mlpackage(source, target, [[1, 2, 3], [7, 5]], steps=3)
