@@ -12,6 +12,7 @@ from decodebench.commands import (
     diff,
     fold,
     model,
+    repair,
     schedule,
     status,
     submit,
@@ -20,7 +21,7 @@ from decodebench.commands import (
 from decodebench.commands.common import CliError
 
 # In the order `decodebench --help` lists them; each module has register(subparsers).
-COMMANDS = (build, analyze, diff, fold, model, schedule, verify, submit, status)
+COMMANDS = (build, analyze, diff, fold, repair, model, schedule, verify, submit, status)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,11 @@
 - :mod:`decodebench.mil.fold` is the GQA fold graph pass; importing it registers
   ``decodebench::fold_gqa`` with coremltools, :mod:`decodebench.mil.fold_package` applies it to
   a saved ``.mlpackage``;
+- :mod:`decodebench.mil.widen` makes a program its own fp32 reference, :mod:`decodebench.mil.headroom`
+  measures fp16 headroom per op, named by layer and role (:mod:`decodebench.mil.anatomy`);
+  :mod:`decodebench.mil.norm_repair` rewrites the normalisations :mod:`decodebench.mil.norms`
+  finds overflow-safe, :mod:`decodebench.mil.repair` applies and proves the repairs, and
+  :mod:`decodebench.mil.waste` lists the avoidable bytes per token (docs/doctor.md);
 - :mod:`decodebench.mil.hf` converts a transformers causal LM's decode step with a static cache,
   :mod:`decodebench.mil.compat` the converter workarounds that needs.
 

@@ -40,6 +40,25 @@ def test_analyze_something_that_is_not_an_mlpackage(tmp_path: Path) -> None:
     assert "is not an .mlpackage" in line and "Manifest.json" in line
 
 
+def test_repair_something_that_is_not_an_mlpackage(tmp_path: Path) -> None:
+    line = one_line_error(run_cli("repair", str(tmp_path), str(tmp_path / "out.mlpackage")))
+    assert line.startswith("decodebench repair: error: ") and "is not an .mlpackage" in line
+
+
+def test_repair_needs_a_tokenizer_for_its_prompts(tmp_path: Path) -> None:
+    package = tmp_path / "in.mlpackage"
+    package.mkdir()
+    (package / "Manifest.json").write_text("{}")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    out = str(tmp_path / "out.mlpackage")
+    line = one_line_error(run_cli("repair", str(package), out, "--weights", str(weights)))
+    assert "holds no tokenizer" in line
+    line = one_line_error(run_cli("repair", str(package), out, "--prompts", "0"))
+    assert "--prompts must be between 1 and 30" in line
+    assert not Path(out).exists()
+
+
 def test_build_an_unknown_preset(tmp_path: Path) -> None:
     line = one_line_error(run_cli("build", "--preset", "gpt-17", "--out", str(tmp_path)))
     assert "unknown preset 'gpt-17'" in line and "tiny-gqa" in line

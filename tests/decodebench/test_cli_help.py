@@ -20,6 +20,7 @@ DESCRIPTIONS = {
     "analyze": "what a saved build's graph moves per decoded token",
     "diff": "why one build should decode faster than another",
     "fold": "remove GQA KV replication from a program",
+    "repair": "repair a program, proven on prompts",
     "verify": "do two programs decode the same?",
     "model": "real checkpoints, locally and on a server",
     "submit": "run a sweep",

@@ -1,0 +1,71 @@
+"""Diagnose SmolLM2-135M converted by Apple's Llama recipe: fp16 headroom by layer and role, the
+first overflow, and the avoidable bytes per token of both KV layouts.
+
+    python bench/smollm2_doctor.py                  # 30 chat prompts x 16 greedy steps
+    python bench/smollm2_doctor.py --prompts 5 --steps 16
+
+The packages are converted once (tests/support/recipe.py, cached under
+~/.cache/decodebench/recipe). Prints the headroom report (the fp32 run's largest |value| per op
+against 65,504, on how many prompts), the waste list of the state and the KV-as-I/O packages, and
+CPU seconds per decode step of the fp32 recording run with the load average around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from decodebench.analysis.analyze import analyze_mlpackage  # noqa: E402
+from decodebench.building.realmodels import fetch_model  # noqa: E402
+from decodebench.mil.headroom import measure_headroom, render  # noqa: E402
+from decodebench.mil.program import quiet_coremltools  # noqa: E402
+from decodebench.mil.waste import find_waste  # noqa: E402
+from decodebench.mil.waste import render as render_waste  # noqa: E402
+from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, chat_token_ids  # noqa: E402
+from tests.support.recipe import recipe_package  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=CHAT_PROMPT_COUNT)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--context", type=int, default=256)
+    args = parser.parse_args()
+
+    weights = fetch_model("smollm2-135m")
+    texts = [prompt.text for prompt in chat_prompts(args.prompts)]
+    prompts = chat_token_ids(weights, texts)
+    with quiet_coremltools():
+        state = recipe_package(weights, "state", args.context)
+        io = recipe_package(weights, "io", args.context)
+        load_before = os.getloadavg()
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        report = measure_headroom(state, prompts, args.steps)
+        cpu = time.process_time() - cpu_before
+        wall = time.perf_counter() - wall_before
+        load_after = os.getloadavg()
+        print("\n".join(render(report)))
+        overflowing = sorted({h.layer for h in report.overflows if h.layer is not None})
+        print(f"layers with an overflowing op: {len(overflowing)} ({overflowing})")
+        for label, package in (("state", state), ("io", io)):
+            analysis = analyze_mlpackage(package)
+            print(
+                f"{label} layout: "
+                + "\n".join(render_waste(find_waste(package, analysis), analysis))
+            )
+    steps = sum(len(prompt) + args.steps - 1 for prompt in prompts)
+    print(
+        f"measure: {len(prompts)} prompts, {steps} steps per run (fp32 recording + fp16), "
+        f"{cpu:.1f} s CPU, {wall:.1f} s wall, {cpu / steps * 1000:.0f} ms CPU per step; "
+        f"load average {load_before[0]:.2f} -> {load_after[0]:.2f} (1 min)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""fp16 headroom by layer and role: how close each op comes to fp16's largest value, 65,504.
+
+The package runs as its own fp32 reference (:mod:`decodebench.mil.widen`) over the prompts, each
+prompt followed by greedy steps; for every op the largest |value| it produces is kept per prompt.
+An op whose largest value passes 65,504 overflows in fp16; one within ``margin`` (4x) of it is
+close. Each hazard is named by layer and role (:mod:`decodebench.mil.anatomy`), e.g.
+``layer 2 · input norm · square: 84,390 > 65,504 on 30 of 30 prompts``.
+
+The fp16 program itself is run too, and the first op that produces a non-finite value in it is
+named the same way. The fp32 run's greedy tokens are returned: they are what a repair is proven
+against (:mod:`decodebench.mil.repair`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from decodebench.mil.anatomy import Place, describe
+from decodebench.mil.cache_io import Session, decode_session
+from decodebench.mil.interpreter import Interpreter, NonFiniteError
+from decodebench.mil.program import load_package
+from decodebench.mil.widen import widen_program
+
+FP16_MAX = 65504.0
+DEFAULT_MARGIN = 4.0
+CLOSE_SHOWN = 10
+
+
+class PeakRecorder(Interpreter):
+    """An interpreter that keeps, per op, the largest finite |value| of its float outputs.
+
+    It takes the interpreter's per-op path (``_execute``), so it is slower than the plain one;
+    it never raises on non-finite values (it is meant for the fp32 run).
+    """
+
+    def __init__(self, program: Any, function: str = "main") -> None:
+        super().__init__(program, function, check_finite=False)
+        self.peaks: dict[str, float] = {}
+
+    def _execute(
+        self, op: Any, env: Mapping[int, Any], states: dict[str, np.ndarray]
+    ) -> Sequence[Any]:
+        results = super()._execute(op, env, states)
+        if op.op_type == "const" or op.op_type.startswith("constexpr_"):
+            return results
+        peak = self.peaks.get(op.name, 0.0)
+        for value in results:
+            array = np.asarray(value)
+            if array.dtype.kind != "f" or array.size == 0:
+                continue
+            finite = np.isfinite(array)
+            magnitudes = np.abs(array if finite.all() else array[finite])
+            if magnitudes.size:
+                peak = max(peak, float(magnitudes.max()))
+        self.peaks[op.name] = peak
+        return results
+
+
+class Hazard(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    op: str
+    op_type: str
+    label: str
+    layer: int | None
+    role: str
+    peak: float
+    overflow_prompts: int
+    close_prompts: int
+    prompts: int
+
+    @property
+    def overflows(self) -> bool:
+        return self.overflow_prompts > 0
+
+    def describe(self) -> str:
+        if self.overflows:
+            return (
+                f"{self.label}: {self.peak:,.0f} > {FP16_MAX:,.0f} on {self.overflow_prompts} of "
+                f"{self.prompts} prompts"
+            )
+        return (
+            f"{self.label}: {self.peak:,.0f}, within {FP16_MAX / self.peak:.1f}x of "
+            f"{FP16_MAX:,.0f} on {self.close_prompts} of {self.prompts} prompts"
+        )
+
+
+class NonFinite(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    op: str
+    op_type: str
+    label: str
+    prompt: int
+    message: str
+
+
+class HeadroomReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    package: str
+    prompts: int
+    steps: int
+    margin: float
+    hazards: list[Hazard]
+    first_non_finite: NonFinite | None
+    reference_tokens: list[list[int]]
+
+    @property
+    def overflows(self) -> list[Hazard]:
+        return [hazard for hazard in self.hazards if hazard.overflows]
+
+
+def _greedy(session: Session, prompt: Sequence[int], steps: int) -> list[int]:
+    session.reset()
+    logits = session.prefill(prompt)[-1]
+    tokens = [int(np.argmax(logits))]
+    for step in range(steps - 1):
+        tokens.append(session.next_token(tokens[-1], len(prompt) + step))
+    return tokens
+
+
+def _place(places: dict[str, Place], op_name: str) -> Place:
+    return places.get(op_name) or Place(layer=None, section="program", role=op_name)
+
+
+def measure_headroom(
+    path: Path | str,
+    prompts: Sequence[Sequence[int]],
+    steps: int,
+    margin: float = DEFAULT_MARGIN,
+) -> HeadroomReport:
+    """The fp32 run's peaks and the fp16 run's first non-finite op, over ``prompts``."""
+    wide = load_package(path).program
+    widen_program(wide)
+    recorder = PeakRecorder(wide)
+    places = describe(recorder.function)
+    session = decode_session(recorder, str(path))
+    per_prompt: list[dict[str, float]] = []
+    reference: list[list[int]] = []
+    for prompt in prompts:
+        recorder.peaks = {}
+        reference.append(_greedy(session, prompt, steps))
+        per_prompt.append(recorder.peaks)
+    threshold = FP16_MAX / margin
+    types = {op.name: op.op_type for op in recorder.function.operations}
+    hazards = []
+    for name in per_prompt[0] if per_prompt else {}:
+        peaks = [found.get(name, 0.0) for found in per_prompt]
+        if max(peaks) <= threshold:
+            continue
+        place = _place(places, name)
+        hazards.append(
+            Hazard(
+                op=name,
+                op_type=types.get(name, "?"),
+                label=place.label,
+                layer=place.layer,
+                role=place.role,
+                peak=max(peaks),
+                overflow_prompts=sum(peak > FP16_MAX for peak in peaks),
+                close_prompts=sum(peak > threshold for peak in peaks),
+                prompts=len(prompts),
+            )
+        )
+    return HeadroomReport(
+        package=str(path),
+        prompts=len(prompts),
+        steps=steps,
+        margin=margin,
+        hazards=hazards,
+        first_non_finite=first_non_finite(path, prompts, steps),
+        reference_tokens=reference,
+    )
+
+
+def first_non_finite(
+    path: Path | str, prompts: Sequence[Sequence[int]], steps: int
+) -> NonFinite | None:
+    """The first op producing a non-finite value when the fp16 program decodes the prompts."""
+    program = load_package(path).program
+    interpreter = Interpreter(program)
+    session = decode_session(interpreter, str(path))
+    places = describe(interpreter.function)
+    for index, prompt in enumerate(prompts):
+        try:
+            _greedy(session, prompt, steps)
+        except NonFiniteError as error:
+            place = _place(places, error.op_name)
+            return NonFinite(
+                op=error.op_name,
+                op_type=error.op_type,
+                label=place.label,
+                prompt=index,
+                message=str(error),
+            )
+    return None
+
+
+def render(report: HeadroomReport) -> list[str]:
+    lines = [
+        f"fp16 headroom of {report.package}: {report.prompts} prompts x {report.steps} steps, "
+        f"its own fp32 run"
+    ]
+    if report.first_non_finite is not None:
+        found = report.first_non_finite
+        lines.append(
+            f"  first non-finite in fp16: {found.label} ({found.op_type} '{found.op}', "
+            f"prompt {found.prompt})"
+        )
+    else:
+        lines.append("  no non-finite value in the fp16 run")
+    overflows = report.overflows
+    close = [hazard for hazard in report.hazards if not hazard.overflows]
+    lines.append(
+        f"  hazards: {len(overflows)} ops overflow, {len(close)} within {report.margin:g}x"
+    )
+    for hazard in overflows:  # in program order
+        lines.append(f"  [OVERFLOW] {hazard.describe()}")
+    for hazard in sorted(close, key=lambda item: -item.peak)[:CLOSE_SHOWN]:
+        lines.append(f"  [close]    {hazard.describe()}")
+    if len(close) > CLOSE_SHOWN:
+        lines.append(f"  ... and {len(close) - CLOSE_SHOWN} more within {report.margin:g}x")
+    return lines
