@@ -326,6 +326,8 @@ class _Writer:
         op_type, params = step.op.op_type, dict(step.params)
         if KERNELS.get(op_type) is not step.kernel:
             return None
+        if op_type == "concat" and not step.wide:
+            return self.concat(step, params)
         x = params.get("x")
         if x is None or x.__class__ is tuple:
             return None
@@ -399,6 +401,25 @@ class _Writer:
         if op_type == "slice_by_index" and shape is not None:
             return f"asarray(v{x})[{self.bind('i', slices(args, shape))}]"
         return None
+
+    def concat(self, step: Step, params: dict[str, Any]) -> str | None:
+        """``concat`` without interleaving, its axis normalised once."""
+        values = params.get("values")
+        if values.__class__ is not tuple or not values:
+            return None
+        first = values[0]
+        if first in self.constants:
+            rank: int | None = np.ndim(np.asarray(self.plan.template[first]))
+        else:
+            shape = self.shape.get(first)
+            rank = None if shape is None else len(shape)
+        args = self.constant_args(step, ("values",))
+        if rank is None or args is None or args.scalar("interleave", False):
+            return None
+        axis = int(normalize_axis(args.scalar("axis"), rank))
+        self.names["concatenate"] = np.concatenate
+        operands = ", ".join(f"asarray({self.raw(slot)})" for slot in values)
+        return f"concatenate([{operands}], axis={axis!r})"
 
     def results(self, step: Step, call: str, single: bool) -> None:
         """Assign a step's result(s), as the plan's loop does: to ndarrays of the declared
