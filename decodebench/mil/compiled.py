@@ -183,7 +183,7 @@ class _Writer:
             self.position = position
             self.write_step(step)
         self.step = None
-        returned = ", ".join(f"v{slot}" for slot in outputs)
+        returned = ", ".join(self.raw(slot) for slot in outputs)  # a settled constexpr: bound
         self.emit(f"return ({returned}{',' if len(outputs) == 1 else ''})")
         arguments = ", ".join(f"v{self.plan.inputs[name]}" for name in inputs)
         source = f"def step(states, {arguments}):\n" + "\n".join(self.lines) + "\n"

@@ -160,3 +160,24 @@ def test_compiled_and_loop_decode_the_same_bits_with_states_in_place() -> None:
         assert fast_states["keys"].tobytes() == slow_states["keys"].tobytes()
     assert ran_compiled(fast) and not ran_compiled(slow)
     assert fast_states["keys"][0, :, 3].tobytes() == rows[3][0, :, 0].tobytes()
+
+
+def test_a_decompressed_weight_can_be_an_output(compiled) -> None:  # noqa: ANN001
+    @mb.program(input_specs=[mb.TensorSpec((2,), types.fp32)], opset_version=ct.target.iOS16)
+    def program(x):
+        weight = mb.constexpr_affine_dequantize(
+            quantized_data=np.array([[1, 2], [3, 4]], np.int8),
+            zero_point=np.int8(0),
+            scale=np.float32(0.5),
+            axis=0,
+            name="weight",
+        )
+        return mb.add(x=x, y=np.float32(1.0), name="shifted"), weight
+
+    interpreter = Interpreter(program)
+    first = interpreter.run({"x": np.zeros(2, np.float32)})  # decompresses, op by op
+    second = interpreter.run({"x": np.ones(2, np.float32)})  # the weight is a constant now
+    assert ran_compiled(interpreter) == compiled
+    np.testing.assert_array_equal(first["weight"], [[0.5, 1.0], [1.5, 2.0]])
+    assert second["weight"].tobytes() == first["weight"].tobytes()
+    np.testing.assert_array_equal(second["shifted"], [2.0, 2.0])
