@@ -19,6 +19,8 @@ seconds per step, and the load average it ran under: the machine is shared and d
     python bench/interpreter.py --json                # one JSON object
     python bench/interpreter.py --cases smollm2-fp16 --steps 32 --blas-threads 1
     python bench/interpreter.py --verify 30           # verify A A over the 30 chat prompts
+    python bench/interpreter.py --verify 30 --verify-case smollm2-fp16-pf32  # prompts prefilled
+    python bench/interpreter.py --no-compile          # the plan walked op by op (A/B)
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ CASES: dict[str, dict[str, Any]] = {
     "smollm2-w8": {"model": "smollm2-135m", "quant": "w8"},
     "smollm2-w4": {"model": "smollm2-135m", "quant": "w4"},
     "exaone-L2": {"model": "exaone-4.0-1.2b", "quant": "fp16", "layers": 2},
+    # not measured by default: the package `--verify` uses to time verify with a prefill function
+    "smollm2-fp16-pf32": {"model": "smollm2-135m", "quant": "fp16", "prefill_chunk": 32},
 }
+DEFAULT_CASES = ["smollm2-fp16", "smollm2-w8", "smollm2-w4", "exaone-L2"]
 PROMPT = [1, 504, 3458, 314, 260, 1142, 282, 4649]  # token ids inside every case's vocabulary
 
 
@@ -71,7 +76,7 @@ def package_for(case: str, cache: Path, context: int) -> Path:
     if not (out / PACKAGE_NAME / "Manifest.json").is_file():
         variant = VariantSpec(
             attention=Attention.folded, kv=KVCache.state, context=context, quant=spec["quant"],
-            layers=spec.get("layers"),
+            layers=spec.get("layers"), prefill_chunk=spec.get("prefill_chunk"),
         )  # fmt: skip
         with quiet_coremltools():
             build_variant(spec["model"], variant, out, cache=BuildCache())
@@ -130,7 +135,7 @@ def verify_prompts(args: argparse.Namespace) -> dict[str, Any]:
     from decodebench.mil.verify import verify_packages
     from decodebench.prompts import chat_prompts, prompt_token_ids
 
-    package = package_for("smollm2-fp16", args.cache, args.context)
+    package = package_for(args.verify_case, args.cache, args.context)
     prompts = prompt_token_ids(chat_prompts(args.verify), 49152, fetch_model("smollm2-135m"))
     load_before, started, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
     agreeing, positions = 0, 0
@@ -142,7 +147,10 @@ def verify_prompts(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     return {
         "command": f"decodebench verify {package} {package} --steps {args.steps} --prompt <ids>",
+        "case": args.verify_case,
+        "compiled": not args.no_compile,
         "prompts": len(prompts),
+        "prompt_tokens": sum(len(prompt) for prompt in prompts),
         "agreeing": agreeing,
         "program_steps": 2 * positions,
         "seconds": round(seconds, 1),
@@ -162,6 +170,7 @@ def run_case(case: str, args: argparse.Namespace, bandwidth: float) -> dict[str,
     package = build.stdout.strip().splitlines()[-1]
     command = [sys.executable, __file__, "--child", case, "--package", package]
     command += ["--steps", str(args.steps), *common]
+    command += ["--no-compile"] if args.no_compile else []
     environment = dict(os.environ)
     if args.blas_threads:
         environment["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
@@ -181,7 +190,7 @@ def run_case(case: str, args: argparse.Namespace, bandwidth: float) -> dict[str,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
     default_cache = Path.home() / ".cache/decodebench/interpreter-bench"
@@ -196,6 +205,17 @@ def main() -> int:
     parser.add_argument(
         "--verify", type=int, metavar="PROMPTS", help="time verify over this many chat prompts"
     )
+    parser.add_argument(
+        "--verify-case",
+        default="smollm2-fp16",
+        choices=[case for case in CASES if case.startswith("smollm2-fp16")],
+        help="the package --verify times (smollm2-fp16-pf32 has a prefill function, chunk 32)",
+    )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="walk the plan op by op instead of running it as one generated function",
+    )
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--package", help=argparse.SUPPRESS)
@@ -203,6 +223,10 @@ def main() -> int:
     if args.build:
         print(package_for(args.build, args.cache, args.context))
         return 0
+    if args.no_compile:
+        from decodebench.mil.interpreter import Interpreter
+
+        Interpreter.compile_steps = False
     if args.verify:
         print(json.dumps(verify_prompts(args), indent=2))
         return 0
@@ -222,6 +246,7 @@ def main() -> int:
             "bandwidth_bytes_per_s": round(bandwidth),
             "cpus": os.cpu_count(),
             "blas_threads": args.blas_threads,
+            "compiled": not args.no_compile,
             "max_rss_parent_gib": round(
                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2
             ),

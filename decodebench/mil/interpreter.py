@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike
 
 from decodebench.mil import shadows
 from decodebench.mil.blas import blas_threads
+from decodebench.mil.compiled import Compiled, compile_function
 from decodebench.mil.ops import KERNELS, OpArgs
 from decodebench.mil.ops_tensor import slices
 from decodebench.mil.plan import (
@@ -98,6 +99,8 @@ class Interpreter:
 
     # OpenBLAS threads during a step (decodebench.mil.blas); None leaves the process's setting.
     blas_threads: int | None = 1
+    # Run the plan as one generated function (decodebench.mil.compiled); False walks it op by op.
+    compile_steps: bool = True
 
     def __init__(self, program: Program, function: str = "main", check_finite: bool = True) -> None:
         if function not in program.functions:
@@ -132,6 +135,7 @@ class Interpreter:
         self._wide_constants: dict[int, np.ndarray] = {}
         self._wide_bytes = 0
         self._plan: Plan | None = None  # compiled at the first run (subclasses may drop ops)
+        self._compiled: dict[bool, Compiled] = {}  # by check_finite
 
     @property
     def function(self) -> Any:
@@ -186,12 +190,83 @@ class Interpreter:
         unknown = sorted(set(inputs) - set(self.inputs))
         if unknown:
             raise MilError(f"the program has no inputs named {', '.join(unknown)}")
+        compiled = self._compiled_plan(plan)
+        if compiled is not None:
+            with blas_threads(self.blas_threads):
+                returned = self._run_compiled(compiled, values, plan, states)
+            return {
+                name: _owned(returned[slot]) if constant is None else constant
+                for name, slot, constant in plan.outputs
+            }
         with blas_threads(self.blas_threads):
             self._run_plan(plan, values, states)
         return {
             name: _owned(values[slot]) if constant is None else constant
             for name, slot, constant in plan.outputs
         }
+
+    def _compiled_plan(self, plan: Plan) -> Compiled | None:
+        """The plan as one generated function, once nothing is left for the loop to settle:
+        not for a subclass overriding ``_execute``, nor while constexpr weights are pending."""
+        if not self.compile_steps:
+            return None
+        check = bool(self.check_finite)
+        found = self._compiled.get(check)
+        if found is not None:
+            return found
+        if any(step.kind in (CONSTEXPR, OVERRIDDEN) for step in plan.steps):
+            return None
+        self._compiled[check] = found = compile_function(plan, self, check)
+        return found
+
+    def _run_compiled(
+        self, compiled: Compiled, values: list[Any], plan: Plan, states: dict[str, np.ndarray]
+    ) -> dict[int, Any]:
+        arguments = [values[plan.inputs[name]] for name in compiled.inputs]
+        try:
+            with np.errstate(over="ignore"):
+                returned = compiled.function(states, *arguments)
+        except MilError:
+            raise
+        except Exception as error:  # a kernel failed: say which op, keep the cause
+            step = _failed_step(compiled, error)
+            if step is None:
+                raise
+            location = op_location(step.op, step.index, self.function_name)
+            raise InterpreterError(f"{location} failed: {error}") from error
+        return dict(zip(compiled.outputs, returned, strict=True))
+
+    # --- what the compiled function calls (decodebench.mil.compiled) -------------------------
+
+    def _compiled_read_state(self, step: Step, states: dict[str, np.ndarray]) -> np.ndarray:
+        return states[self._checked_state(step)].copy()
+
+    def _compiled_read_state_shared(self, step: Step, states: dict[str, np.ndarray]) -> Any:
+        return self._read_shared(step, states)
+
+    def _compiled_slice_update(
+        self, step: Step, target: np.ndarray, update: Any, operands: dict[str, Any]
+    ) -> np.ndarray:
+        return self._write_slice(step, target, update, operands)
+
+    def _compiled_update_state(self, step: Step, value: Any, states: dict[str, np.ndarray]) -> Any:
+        name = self._checked_state(step)
+        if value is not states.get(name):  # not already written in place
+            states[name] = np.asarray(value).astype(self.states[name].dtype)
+        return value
+
+    def _compiled_bad_shape(self, step: Step, value: np.ndarray) -> None:
+        raise InterpreterError(
+            f"{op_location(step.op, step.index, self.function_name)} produced "
+            f"shape {list(value.shape)}, the program declares {list(step.shapes[0] or ())}"
+        )
+
+    def _compiled_non_finite(
+        self, step: Step, slot: int, array: np.ndarray, reads: tuple[Any, ...]
+    ) -> None:
+        if all_finite(array):  # the cheap check's false alarm (an fp32 sum of squares overflowed)
+            return
+        self._raise_non_finite(step, slot, array, reads)
 
     def _run_plan(self, plan: Plan, values: list[Any], states: dict[str, np.ndarray]) -> None:
         settle = any(step.kind == CONSTEXPR for step in plan.steps)
@@ -260,13 +335,7 @@ class Interpreter:
         if kind == READ_STATE:
             return (states[self._checked_state(step)].copy(),)
         if kind == READ_STATE_SHARED:  # its one reader writes the state's storage in place
-            name = self._checked_state(step)
-            stored, spec = states[name], self.states[name]
-            shared = isinstance(stored, np.ndarray) and stored.flags.writeable
-            if shared and stored.dtype == step.dtypes[0] == spec.dtype:
-                shadows.track(stored)
-                return (stored,)
-            return (stored.copy(),)  # a state stored otherwise: updated the usual way
+            return (self._read_shared(step, states),)
         if kind == SLICE_UPDATE_IN_PLACE:
             return (self._slice_update_in_place(step, values),)
         if kind == OVERRIDDEN:
@@ -277,14 +346,36 @@ class Interpreter:
             states[name] = np.asarray(value).astype(self.states[name].dtype)
         return (value,) if step.outputs else ()
 
+    def _read_shared(self, step: Step, states: dict[str, np.ndarray]) -> Any:
+        name = self._checked_state(step)
+        stored, spec = states[name], self.states[name]
+        shared = isinstance(stored, np.ndarray) and stored.flags.writeable
+        if shared and stored.dtype == step.dtypes[0] == spec.dtype:
+            shadows.track(stored)
+            return stored
+        return stored.copy()  # a state stored otherwise: updated the usual way
+
     def _slice_update_in_place(self, step: Step, values: list[Any]) -> np.ndarray:
         """``slice_update`` writing into its input (the state's storage, or a private copy)."""
         params = dict(step.params)
-        target = values[params["x"]]
-        operands = {name: widen(values[slot]) for name, slot in step.params if name != "x"}
+        operands = {
+            name: [widen(values[item]) for item in slot]
+            if slot.__class__ is tuple
+            else widen(values[slot])
+            for name, slot in step.params
+            if name != "x"
+        }
+        return self._write_slice(step, values[params["x"]], values[params["update"]], operands)
+
+    def _write_slice(
+        self, step: Step, target: np.ndarray, update: Any, operands: dict[str, Any]
+    ) -> np.ndarray:
         index = slices(OpArgs(step.op, operands, step.shapes), target.shape)
+        return self._compiled_write_slice(target, update, index)
+
+    def _compiled_write_slice(self, target: np.ndarray, update: Any, index: Any) -> np.ndarray:
         with np.errstate(over="ignore"):
-            target[index] = np.asarray(values[params["update"]]).reshape(target[index].shape)
+            target[index] = np.asarray(update).reshape(target[index].shape)
         shadows.write(target, index)
         return target
 
@@ -295,10 +386,14 @@ class Interpreter:
         return step.state
 
     def _non_finite(self, step: Step, slot: int, values: list[Any]) -> None:
+        self._raise_non_finite(step, slot, values[slot], [values[item] for item in step.reads])
+
+    def _raise_non_finite(
+        self, step: Step, slot: int, array: np.ndarray, reads: Sequence[Any]
+    ) -> None:
         """Raise NonFiniteError unless the infinity was passed on (a -inf mask), not made."""
-        array = values[slot]
         nan = bool(np.isnan(array).any())
-        if not nan and any(_has_infinity(values[item]) for item in step.reads):
+        if not nan and any(_has_infinity(value) for value in reads):
             return
         what = "NaN" if nan else "an infinity (fp16 overflow?)"
         count = int((~np.isfinite(array)).sum())
@@ -390,6 +485,17 @@ def _owned(value: Any) -> Any:
     if isinstance(value, np.ndarray) and not value.flags.owndata:
         return value.copy()
     return value
+
+
+def _failed_step(compiled: Compiled, error: BaseException) -> Step | None:
+    """The step of the generated function's line an exception was raised from."""
+    found = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is compiled.code:
+            found = compiled.lines.get(traceback.tb_lineno)
+        traceback = traceback.tb_next
+    return found
 
 
 def _has_infinity(value: Any) -> bool:

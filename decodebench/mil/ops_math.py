@@ -188,7 +188,7 @@ def _scaled_dot_product_attention(args: OpArgs) -> np.ndarray:
 # --- reductions ---------------------------------------------------------------------------------
 
 
-def _reduction(function: Callable[..., np.ndarray]) -> Kernel:
+def _reduction(function: Callable[..., Any]) -> Kernel:
     def run(args: OpArgs) -> np.ndarray:
         x = np.asarray(args["x"])
         axes = args.ints("axes")
@@ -198,17 +198,21 @@ def _reduction(function: Callable[..., np.ndarray]) -> Kernel:
     return run
 
 
-KERNELS.update(
-    {
-        "reduce_sum": _reduction(np.sum),
-        "reduce_mean": _reduction(np.mean),
-        "reduce_max": _reduction(np.max),
-        "reduce_min": _reduction(np.min),
-        "reduce_prod": _reduction(np.prod),
-        "reduce_l2_norm": _reduction(lambda x, **kw: np.sqrt(np.sum(x * x, **kw))),
-        "reduce_log_sum_exp": _reduction(lambda x, **kw: np.log(np.sum(np.exp(x), **kw))),
-    }
-)
+# op type -> (its kernel, the reduction it applies): decodebench.mil.compiled calls the
+# reduction directly, its axes parsed once.
+REDUCTIONS: dict[str, tuple[Kernel, Callable[..., Any]]] = {}
+_REDUCE: dict[str, Callable[..., Any]] = {
+    "reduce_sum": np.sum,
+    "reduce_mean": np.mean,
+    "reduce_max": np.max,
+    "reduce_min": np.min,
+    "reduce_prod": np.prod,
+    "reduce_l2_norm": lambda x, **kw: np.sqrt(np.sum(x * x, **kw)),
+    "reduce_log_sum_exp": lambda x, **kw: np.log(np.sum(np.exp(x), **kw)),
+}
+for _name, _reduce in _REDUCE.items():
+    KERNELS[_name] = _reduction(_reduce)
+    REDUCTIONS[_name] = (KERNELS[_name], _reduce)
 
 
 def _arg_reduction(function: Callable[..., np.ndarray]) -> Kernel:
