@@ -110,24 +110,12 @@ def resolve_config(model: str, variant: VariantSpec) -> ModelConfig:
     return config
 
 
-# Families whose layer the sensitivity measurement (building/quant/sensitivity.py) reproduces:
-# it re-implements the decoder layer for speed, and the others' layers (NoPE layers, partial or
-# LongRoPE rotary, Gemma's four norms and windows) it does not, so it would rank them wrongly.
-SENSITIVITY_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "exaone4"})
-
-
 def validate_for_config(recipe: QuantRecipe, config: ModelConfig) -> None:
     """What only the model can tell: raises :class:`BuildError` naming the field."""
     if recipe.promote_top > config.num_layers:
         raise BuildError(
             f"quant: top{recipe.promote_top} promotes more layers than the model's "
             f"{config.num_layers}"
-        )
-    if recipe.needs_sensitivity and config.family not in SENSITIVITY_FAMILIES:
-        raise BuildError(
-            f"quant: top{recipe.promote_top} ranks layers by measured sensitivity, which is not "
-            f"measured for the {config.family} family yet; use a recipe without topK "
-            f"(families measured: {', '.join(sorted(SENSITIVITY_FAMILIES))})"
         )
 
 

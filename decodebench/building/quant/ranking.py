@@ -16,8 +16,7 @@ from decodebench.building.quant.apply import QuantPlan
 from decodebench.building.quant.sensitivity import (
     CALIBRATION_PROMPTS,
     CALIBRATION_TOKENS,
-    MATMUL_DTYPE,
-    arithmetic_label,
+    arithmetic_for,
     measure,
     promoted_layers,
     rank,
@@ -42,7 +41,7 @@ def measurement(
             "tokens": CALIBRATION_TOKENS,
         },
         "method": METHOD,
-        "arithmetic": arithmetic_label(MATMUL_DTYPE),
+        "arithmetic": arithmetic_for(config.family),
         "toolchain": toolchain,
     }
 
@@ -86,6 +85,6 @@ def sensitivity_report(
         ranking=ranking,
         promoted=sorted(promoted_layers(recipe, ranking)),
         seconds=seconds,
-        arithmetic=arithmetic_label(MATMUL_DTYPE),
+        arithmetic=arithmetic_for(model.config.family),
         measured_by=None if measured_by == build_key else measured_by,
     )

@@ -47,6 +47,8 @@ CALIBRATION_PROMPTS = 2
 CALIBRATION_TOKENS = 16
 MATMUL_DTYPE = torch.bfloat16
 _HEAD_ROWS = 8192
+# Families whose decoder layer `_Runner.layer` reproduces (one pass for every layer's streams).
+BATCHED_FAMILIES = frozenset({"llama", "qwen2", "qwen3", "exaone4"})
 
 
 def calibration_tokens(
@@ -194,6 +196,17 @@ class _Runner:
         return kl.mean(-1)
 
 
+def batched(family: str) -> bool:
+    """Whether the one-pass runner reproduces this family's layer. The others (SmolLM3's layers
+    without RoPE, Phi-3's partial or LongRoPE rotary, Gemma 3's four norms, windows and scaled
+    queries) are measured by :func:`measure_each`, through the family's own layer."""
+    return family in BATCHED_FAMILIES
+
+
+def arithmetic_for(family: str) -> str:
+    return arithmetic_label(MATMUL_DTYPE if batched(family) else torch.float32)
+
+
 @torch.no_grad()
 def measure(
     model: DecodeStepModel,
@@ -205,9 +218,12 @@ def measure(
     """KL per layer (layer order) with only that layer quantized at the recipe's base schemes.
 
     ``matmul_dtype=torch.float32`` gives the all-fp32 measurement (see the module docstring).
+    A family the one-pass runner does not reproduce is measured by :func:`measure_each`.
     """
     config = model.config
     tokens = calibration_tokens(config.vocab_size) if tokens is None else tokens
+    if not batched(config.family):
+        return measure_each(model, plan, tokens, progress)
     runner = _Runner(model, tokens.shape[1], matmul_dtype)
     reference = model.model.embed_tokens.weight[tokens].float()  # [B, T, H]
     perturbed = reference.new_empty((0, *reference.shape))  # [streams so far, B, T, H]
@@ -226,6 +242,56 @@ def measure(
     if progress is not None:
         progress(1.0)
     return [LayerSensitivity(layer=index, kl=float(value)) for index, value in enumerate(kl)]
+
+
+@torch.no_grad()
+def measure_each(
+    model: DecodeStepModel,
+    plan: QuantPlan,
+    tokens: torch.Tensor,
+    progress: Callable[[float], None] | None = None,
+) -> list[LayerSensitivity]:
+    """The definition, for any family: an fp32 copy of the decoder itself (its family's own
+    layers, a prefill call over each calibration prompt), run once as it is and once per layer
+    with only that layer's matrices quantized. L + 1 passes instead of one, all fp32; for the
+    families whose layer the one-pass runner does not reproduce."""
+    config, length = model.config, tokens.shape[1]
+    weights = {
+        name: parameter.detach().to(torch.float32, copy=True)
+        for name, parameter in model.named_parameters()
+    }
+    runner = DecodeStepModel(
+        config, length, model.attention, torch.float32, "state", length, weights=weights
+    )
+    reference = _log_probabilities(runner, tokens)
+    kls = []
+    for index in range(config.num_layers):
+        layer = runner.model.layers[index]
+        parameters = dict(layer.named_parameters())
+        kept = {name: parameters[name].data for name in parameters}
+        for name, value in _quantized_layer(model, plan, index, torch.float32).items():
+            parameters[name].data = value
+        candidate = _log_probabilities(runner, tokens)
+        for name, value in kept.items():
+            parameters[name].data = value
+        kl = (reference.exp() * (reference - candidate)).sum(-1).mean()
+        kls.append(float(kl))
+        if progress is not None:
+            progress((index + 1) / config.num_layers)
+    return [LayerSensitivity(layer=index, kl=kl) for index, kl in enumerate(kls)]
+
+
+def _log_probabilities(runner: DecodeStepModel, tokens: torch.Tensor) -> torch.Tensor:
+    """[prompts x positions, vocab] next-token log-probabilities, in float64."""
+    rows = []
+    for prompt in tokens.tolist():
+        runner.reset_cache()
+        logits = runner(
+            torch.tensor([prompt], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+        )
+        assert isinstance(logits, torch.Tensor)
+        rows.append(logits[0])
+    return torch.log_softmax(torch.cat(rows).double(), -1)
 
 
 def _quantized_layer(

@@ -19,11 +19,12 @@ from decodebench.building.quant.numeric import (
 from decodebench.building.quant.sensitivity import (
     calibration_tokens,
     measure,
+    measure_each,
     promoted_layers,
     rank,
 )
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA
+from decodebench.contracts.presets import TINY_EXAONE, TINY_GQA, TINY_LLAMA, ModelConfig, get_preset
 from decodebench.contracts.recipes import INT4, INT8, LUT6, RecipeError, parse_recipe
 from decodebench.modeling import build_model
 
@@ -188,6 +189,18 @@ def naive_kl(model: torch.nn.Module, plan: QuantPlan, tokens: torch.Tensor) -> l
     return result
 
 
+def test_the_measurement_through_the_family_layer_is_the_definition(tiny) -> None:
+    """measure_each (every family the one-pass runner does not reproduce) against the naive
+    definition, on a family both can run."""
+    plan = QuantPlan(parse_recipe("top1"), tied=True)
+    tokens = calibration_tokens(tiny.config.vocab_size, prompts=2, length=12)
+    expected = naive_kl(tiny, plan, tokens)
+    measured = measure_each(tiny, plan, tokens)
+    for layer, kl in enumerate(expected):
+        assert kl > 0
+        assert measured[layer].kl == pytest.approx(kl, rel=2e-3, abs=1e-7)
+
+
 def test_sensitivity_equals_quantizing_one_layer_at_a_time(tiny) -> None:
     """The one-pass measurement against the definition: in fp32 to rounding, and with the
     default bf16 layer matmuls to a few percent, ranking unchanged."""
@@ -206,14 +219,45 @@ def test_sensitivity_equals_quantizing_one_layer_at_a_time(tiny) -> None:
     assert promoted_layers(parse_recipe("top2"), ranking) == {ranking[0].layer, ranking[1].layer}
 
 
-@pytest.mark.parametrize(("preset", "planted"), [(TINY_EXAONE, 2), (TINY_LLAMA, 4)])
+def small(preset: str, seed: int = 0) -> ModelConfig:
+    """A published family preset at test size: its family's layer, a few narrow layers (the
+    seed: one whose layers' KLs stand at least 10% apart, as the planted test asks)."""
+    config = get_preset(preset)
+    heads, kv_heads = (4, 2) if config.num_key_value_heads > 1 else (4, 1)
+    return config.model_copy(
+        update={
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "vocab_size": 512,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": 32,
+            "sliding_window": 4 if config.sliding_window else None,
+            "seed": seed,
+        }
+    )
+
+
+SMALL_FAMILIES = [small("gemma-3-270m"), small("phi-4-mini", seed=1), small("smollm3-3b", seed=1)]
+
+
+@pytest.mark.parametrize(
+    ("preset", "planted"),
+    [(TINY_EXAONE, 2), (TINY_LLAMA, 4), *((config, 3) for config in SMALL_FAMILIES)],
+    ids=["exaone4", "llama", *(config.family for config in SMALL_FAMILIES)],
+)
 def test_ranking_follows_a_planted_hard_to_quantize_layer(preset, planted: int) -> None:
     """Random weights rank layers by depth (the earliest perturbation travels furthest): a
     ranking that ignored the measurement could reproduce that. Here one layer gets an outlier
     input column in every block of 32 (x16), the pattern that makes real layers hard to quantize
     (the block's scale follows the outlier, the other 31 weights lose their bits). The ranking
     must then leave depth order, and be the naive one-layer-at-a-time ranking."""
-    model = build_model(preset.model_copy(update={"num_layers": 6}), 64, dtype=torch.float16)
+    config = preset.model_copy(update={"num_layers": 6})
+    if preset.sliding_layers is not None:
+        config = config.model_copy(update={"sliding_layers": (1, 1, 0, 1, 1, 0)})
+    if preset.no_rope_layers is not None:
+        config = config.model_copy(update={"no_rope_layers": (1, 1, 1, 0, 1, 1)})
+    model = build_model(config, 64, dtype=torch.float16)
     with torch.no_grad():
         for name, parameter in model.model.layers[planted].named_parameters():
             if name.endswith("_proj.weight"):
