@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from decodebench.contracts.profiles import IPHONE_17_PRO
+from decodebench.contracts.schedules import DEFAULT_BUDGET
 from decodebench.judging import adaptive, nightly
 from decodebench.judging.simulation import SimulatedDesign, nightly_value
 from decodebench.timing import TimingParameters
@@ -52,7 +53,6 @@ BYTES_PER_TOKEN = 1_400_000_000
 STEPS = (0.02, 0.05, 0.10)
 PROMPT_TOKENS = SimulatedDesign().prompt_tokens()
 ONE_RUN = SimulatedDesign(repetitions=1)
-DEFAULT_BUDGET = 16
 
 
 class History:
@@ -253,7 +253,7 @@ def condition(args: argparse.Namespace) -> dict:
 
 def table(args: argparse.Namespace) -> list[dict]:
     rows = []
-    for scale in (1.0, 3.0, 5.0):
+    for scale in args.scales:
         for detector, repetitions in (("window", 2), ("window", 8), ("adaptive", args.repetitions)):
             one = argparse.Namespace(**vars(args))
             one.noise_scale, one.detector, one.repetitions = scale, detector, repetitions
@@ -286,7 +286,8 @@ def table(args: argparse.Namespace) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Measure nightly regression detection.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--table", action="store_true", help="scales 1, 3, 5; both detectors")
+    parser.add_argument("--table", action="store_true", help="per scale: both detectors")
+    parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 3.0, 5.0])
     parser.add_argument("--detector", choices=("window", "adaptive"), default="adaptive")
     parser.add_argument("--nights", type=int, default=60)
     parser.add_argument("--trials", type=int, default=150, help="histories per condition")

@@ -87,23 +87,40 @@ def _log_runs(values: Sequence[float], what: str) -> np.ndarray:
 
 def estimate_spread(nights: Sequence[Sequence[float]]) -> Spread:
     """Run-to-run and night-to-night spread from nights of repeated runs (oldest first)."""
-    logs = [_log_runs(night, f"night {i}") for i, night in enumerate(nights)]
-    degrees = sum(len(night) - 1 for night in logs)
+    return estimate_pooled_spread([nights])
+
+
+def estimate_pooled_spread(series: Sequence[Sequence[Sequence[float]]]) -> Spread:
+    """The spread pooled over several series (e.g. one per build a device class ran), each a
+    list of nights (or sweeps) of repeated runs, oldest first.
+
+    Run to run: the pooled variance of the log runs around their night's mean. Night to night:
+    half the mean squared difference of consecutive nights' log means of one series, less what
+    their runs explain; consecutive differences let a step in a series add one difference, not
+    its square times the nights on each side.
+    """
+    logs = [
+        [_log_runs(night, f"series {s} night {i}") for i, night in enumerate(nights)]
+        for s, nights in enumerate(series)
+    ]
+    every = [night for nights in logs for night in nights]
+    degrees = sum(len(night) - 1 for night in every)
     if degrees < 1:
         raise JudgingError("the run-to-run spread needs a night (or sweep) with 2 or more runs")
-    within = sum(float(np.sum((night - night.mean()) ** 2)) for night in logs)
-    run_variance = within / degrees
-    night_variance = 0.0
-    if len(logs) >= 2:
-        means = np.array([night.mean() for night in logs])
-        counts = np.array([len(night) for night in logs])
-        explained = run_variance * (1 / counts[1:] + 1 / counts[:-1])
-        night_variance = max(0.0, float(np.mean(np.diff(means) ** 2 - explained)) / 2)
+    run_variance = sum(float(np.sum((night - night.mean()) ** 2)) for night in every) / degrees
+    excess = []
+    for nights in logs:
+        if len(nights) >= 2:
+            means = np.array([night.mean() for night in nights])
+            counts = np.array([len(night) for night in nights])
+            explained = run_variance * (1 / counts[1:] + 1 / counts[:-1])
+            excess.extend((np.diff(means) ** 2 - explained).tolist())
+    night_variance = max(0.0, float(np.mean(excess)) / 2) if excess else 0.0
     return Spread(
         run=math.sqrt(run_variance),
         night=math.sqrt(night_variance),
-        runs=int(sum(len(night) for night in logs)),
-        nights=len(logs),
+        runs=int(sum(len(night) for night in every)),
+        nights=len(every),
     )
 
 
