@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from decodebench.contracts.schedules import SpreadView
 from decodebench.contracts.verdicts import JudgingError
 from decodebench.judging.adaptive import Spread, estimate_pooled_spread
+from server import tenancy
 from server.models import DeviceSpread, PromptResultRow, Run, RunState, Sweep
 
 
@@ -82,3 +83,12 @@ def spread_view(row: DeviceSpread) -> SpreadView:
         nights=row.nights,
         learned_at=row.learned_at,
     )
+
+
+def project_spreads(session: Session) -> dict[str, SpreadView]:
+    """The learned spread of each device class the session's project has one for."""
+    project = tenancy.project_id(session)
+    query = select(DeviceSpread).order_by(DeviceSpread.learned_at)
+    if project is not None:
+        query = query.where(DeviceSpread.project_id == project)
+    return {row.device_class: spread_view(row) for row in session.scalars(query)}
