@@ -247,6 +247,12 @@ class SweepSpec(Incoming):
         description="Scale of the simulated/emulated devices' timing noise (0: none); "
         "None: the agent's setting. Real devices ignore it",
     )
+    learned_noise: StrictBool = Field(
+        default=False,
+        description="Simulated/emulated devices draw their run-to-run offset with the spread "
+        "learned for the device class from the project's stored runs (when one is learned) "
+        "instead of the profile's assumed one. Real devices ignore it",
+    )
     priority: SweepPriority | None = Field(
         default=None,
         description="ci, nightly or adhoc: the sweep's weight when several share devices "

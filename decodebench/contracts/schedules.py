@@ -6,11 +6,14 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import ConfigDict, Field, StrictFloat
+from pydantic import ConfigDict, Field, StrictFloat, StrictInt, ValidationInfo, field_validator
 
 from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
+
+DEFAULT_BUDGET = 24  # runs a night and series: docs/noise-model.md says what it buys
+MAX_BUDGET = 256
 
 
 class AlertStatus(StrEnum):
@@ -42,6 +45,24 @@ class ScheduleCreate(Incoming):
     webhook_secret: str | None = Field(
         default=None, min_length=16, max_length=256, description="Key of the HMAC-SHA256 signature"
     )
+    budget: StrictInt = Field(
+        default=DEFAULT_BUDGET,
+        ge=1,
+        le=MAX_BUDGET,
+        description="Most runs a night spends on one series (variant x device class): the spec's "
+        "repetitions, the rounds added until the night decides at min_effect, re-runs",
+    )
+
+    @field_validator("budget")
+    @classmethod
+    def _covers_the_repetitions(cls, value: int, info: ValidationInfo) -> int:
+        spec = info.data.get("spec")
+        if spec is not None and value < spec.repetitions:
+            raise ValueError(
+                f"a budget of {value} runs a night is below the spec's {spec.repetitions} "
+                "repetitions"
+            )
+        return value
 
 
 class _Answer(Contract):
@@ -58,6 +79,7 @@ class ScheduleView(_Answer):
     owner: str
     enabled: bool
     webhook_url: str | None
+    budget: int = Field(description="Most runs a night spends on one series")
     next_due_at: datetime | None = Field(description="None while paused")
     created_at: datetime
 
@@ -99,6 +121,26 @@ class NightlyValue(_Answer):
     due_at: datetime
     mean: float = Field(description="Mean decode tok/s over every prompt of every run")
     ci95_half_width: float
+    runs: int | None = Field(default=None, description="Runs the night spent on the series")
+    adaptive: str | None = Field(
+        default=None, description="The adaptive call: decided, or the budget spent, and why"
+    )
+
+
+class SpreadView(_Answer):
+    device_class: str
+    run_spread: float = Field(description="Run to run on one device (relative sd of a run)")
+    night_spread: float = Field(description="Night to night, beyond what the runs explain")
+    runs: int
+    nights: int = Field(description="Groups (a sweep's runs of one build on one device) read")
+    learned_at: datetime
+
+
+class DetectableEffectView(_Answer):
+    effect: float = Field(description="Smallest step confirmable within 2 nights at 95% power")
+    runs_per_night: int
+    min_effect: float
+    warning: str | None = Field(description="Set when the effect is above min_effect")
 
 
 class SeriesView(_Answer):
@@ -106,6 +148,10 @@ class SeriesView(_Answer):
     device_class: str
     values: list[NightlyValue]
     alerts: list[AlertView]
+    spread: SpreadView | None = Field(default=None, description="The device class's, learned")
+    detectable: DetectableEffectView | None = Field(
+        default=None, description="At the learned spread and the series' runs per night"
+    )
 
 
 class TickRequest(Incoming):

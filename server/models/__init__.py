@@ -5,7 +5,14 @@ from decodebench.contracts.names import TERMINAL_RUN_STATES, BuildState, RunStat
 from server.models.access import DEFAULT_PROJECT, ApiToken, Project, SignInFailure, UiSession
 from server.models.base import DEFAULT_SCOPES, Base, Scope, TokenKind
 from server.models.fleet import Agent, Device, ProfileCalibration
-from server.models.schedules import Alert, Schedule, ScheduleFiring, WebhookAttempt, WebhookDelivery
+from server.models.schedules import (
+    Alert,
+    DeviceSpread,
+    Schedule,
+    ScheduleFiring,
+    WebhookAttempt,
+    WebhookDelivery,
+)
 from server.models.sweeps import Build, PromptResultRow, Run, Sweep, SweepVariant, Transition
 from server.models.uploads import Upload, UserModel
 
@@ -19,6 +26,7 @@ __all__ = [
     "DEFAULT_PROJECT",
     "DEFAULT_SCOPES",
     "Device",
+    "DeviceSpread",
     "ProfileCalibration",
     "Project",
     "PromptResultRow",

@@ -25,6 +25,7 @@ class Schedule(Base):
     cron: Mapped[str] = mapped_column(String(128))
     timezone: Mapped[str] = mapped_column(String(64))
     min_effect: Mapped[float] = mapped_column(Float)
+    budget: Mapped[int] = mapped_column(Integer, server_default="24")  # runs a night and series
     owner: Mapped[str] = mapped_column(String(128))
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     webhook_url: Mapped[str | None] = mapped_column(Text)
@@ -49,6 +50,9 @@ class ScheduleFiring(Base):
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     context: Mapped[dict[str, Any] | None]
     values: Mapped[dict[str, Any] | None]
+    # Per series (variant@device class): its runs' means, the runs spent, the adaptive call
+    # (more runs asked, decided, budget spent) with its reason, the top-up sweeps.
+    adaptive: Mapped[dict[str, Any] | None]
 
 
 class Alert(Base):
@@ -76,6 +80,23 @@ class Alert(Base):
     build_diff: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = now_column()
     decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class DeviceSpread(Base):
+    """A device class's run-to-run and night-to-night spread (relative standard deviations),
+    learned from a project's stored repeated runs (server/schedules/spread.py)."""
+
+    __tablename__ = "device_spreads"
+    __table_args__ = (UniqueConstraint("project_id", "device_class"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = project_column()
+    device_class: Mapped[str] = mapped_column(String(64))
+    run_spread: Mapped[float] = mapped_column(Float)
+    night_spread: Mapped[float] = mapped_column(Float)
+    runs: Mapped[int] = mapped_column(Integer)
+    nights: Mapped[int] = mapped_column(Integer)
+    learned_at: Mapped[datetime] = now_column()
 
 
 class WebhookDelivery(Base):

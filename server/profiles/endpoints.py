@@ -4,11 +4,14 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from decodebench.contracts.api import CalibrationView, ProfileDetail, ProfileView
-from server.auth import AdminToken, SessionDep, UserToken
-from server.errors import AUTHENTICATED_ERRORS
+from decodebench.contracts.schedules import SpreadView
+from server import tenancy
+from server.auth import AdminToken, SessionDep, SubmitToken, UserToken
+from server.errors import AUTHENTICATED_ERRORS, NotFound
 from server.paths import DeviceClass
 from server.profiles import service
 from server.profiles.views import calibration_view, current_profile_views, profile_view
+from server.schedules.spread import learn_spread, spread_view, stored_spread
 
 router = APIRouter(prefix="/api/v1/profiles", tags=["profiles"], responses=AUTHENTICATED_ERRORS)
 
@@ -51,3 +54,24 @@ def calibrate(
         session, device_class, token.name, include_simulated=body.include_simulated
     )
     return calibration_view(calibration, points=True)
+
+
+@router.get("/{device_class}/spread", response_model=SpreadView)
+def get_spread(device_class: DeviceClass, token: UserToken, session: SessionDep) -> SpreadView:
+    """The device class's run-to-run and night-to-night spread, as last learned for the project
+    (every finished nightly learns it again)."""
+    row = stored_spread(session, tenancy.owner(session), device_class)
+    if row is None:
+        raise NotFound(f"no spread learned for {device_class} yet")
+    return spread_view(row)
+
+
+@router.post("/{device_class}/spread", response_model=SpreadView)
+def learn(device_class: DeviceClass, token: SubmitToken, session: SessionDep) -> SpreadView:
+    """Learn the spread now from the project's stored repeated runs of the class."""
+    row = learn_spread(session, tenancy.owner(session), device_class)
+    if row is None:
+        raise NotFound(
+            f"no stored sweep ran one build twice on one {device_class} device: nothing to learn"
+        )
+    return spread_view(row)

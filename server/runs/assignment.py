@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
+from decodebench.contracts.profiles import DeviceProfile
 from decodebench.contracts.protocol import RunAssignment
 from server.builds.reports import report_of
 from server.config import Settings
@@ -17,6 +18,7 @@ from server.models import Build, Run, Sweep, SweepVariant
 from server.profiles.service import current_profiles
 from server.runs import service as runs
 from server.runs.prompts import prompts_of
+from server.schedules.spread import stored_spread
 
 logger = logging.getLogger(__name__)
 _Assigned = tuple[Build, Sweep, SweepVariant]
@@ -75,8 +77,27 @@ def assignment_for(
         **prompts_of(SweepSpec.model_validate(sweep.spec), report)._asdict(),
         # What the sweep's predictions use (its project's calibration), so a simulated device
         # times the run with the same figures.
-        device_profile=current_profiles(session, sweep.project_id).get(run.device_class),
+        device_profile=_profile_for(session, sweep, run.device_class),
     )
+
+
+def _profile_for(session: Session, sweep: Sweep, device_class: str) -> DeviceProfile | None:
+    """The class's current profile; with the spec's `learned_noise`, its run-to-run spread is
+    the one learned from the project's stored runs (server/schedules/spread.py), when learned."""
+    profile = current_profiles(session, sweep.project_id).get(device_class)
+    if profile is None or not sweep.spec.get("learned_noise"):
+        return profile
+    learned = stored_spread(session, sweep.project_id, device_class)
+    if learned is None:
+        return profile
+    noise = profile.noise.model_copy(
+        update={
+            "run_spread": min(learned.run_spread, 0.5),
+            "source": f"run spread learned from {learned.runs} stored runs "
+            f"({learned.learned_at:%Y-%m-%d %H:%M} UTC); the rest {profile.noise.source}",
+        }
+    )
+    return profile.model_copy(update={"noise": noise})
 
 
 # A claim gives up looking after this many unusable runs in one request; the next claim goes on.

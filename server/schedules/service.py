@@ -54,6 +54,7 @@ def create_schedule(session: Session, request: ScheduleCreate, owner: str) -> Sc
         cron=request.cron,
         timezone=request.timezone,
         min_effect=request.min_effect,
+        budget=request.budget,
         owner=owner,
         project_id=project_id,
         enabled=True,

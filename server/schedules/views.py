@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -12,15 +13,19 @@ from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.schedules import (
     AlertStatus,
     AlertView,
+    DetectableEffectView,
     FiringView,
     NightlyValue,
     ScheduleView,
     SeriesView,
 )
+from decodebench.judging.adaptive import minimum_detectable_effect
 from server import tenancy
-from server.models import Alert, Schedule, ScheduleFiring
+from server.models import Alert, DeviceSpread, Schedule, ScheduleFiring
 from server.schedules.context import cell_key
+from server.schedules.detection import settings_of
 from server.schedules.service import next_due
+from server.schedules.spread import as_spread, spread_view, stored_spread
 
 
 def schedule_view(schedule: Schedule) -> ScheduleView:
@@ -34,6 +39,7 @@ def schedule_view(schedule: Schedule) -> ScheduleView:
         owner=schedule.owner,
         enabled=schedule.enabled,
         webhook_url=schedule.webhook_url,
+        budget=schedule.budget,
         next_due_at=next_due(schedule, datetime.now(UTC)),
         created_at=schedule.created_at,
     )
@@ -103,17 +109,50 @@ def schedule_series(session: Session, schedule: Schedule) -> list[SeriesView]:
                     firing_id=night.id,
                     sweep_id=night.sweep_id,
                     due_at=night.due_at,
-                    **(night.values or {})[key],
+                    mean=(night.values or {})[key]["mean"],
+                    ci95_half_width=(night.values or {})[key]["ci95_half_width"],
+                    runs=_cell(night, key).get("runs_spent"),
+                    adaptive=_call_text(_cell(night, key)),
                 )
                 for night in nights
                 if night.sweep_id is not None and key in (night.values or {})
             ]
+            spread = stored_spread(session, schedule.project_id, device_class)
             series.append(
                 SeriesView(
                     variant=variant.label,
                     device_class=device_class,
                     values=values,
                     alerts=alerts.get(key, []),
+                    spread=spread_view(spread) if spread else None,
+                    detectable=_detectable(schedule, spread, values) if spread else None,
                 )
             )
     return series
+
+
+def _cell(night: ScheduleFiring, key: str) -> dict[str, Any]:
+    return (night.adaptive or {}).get(key) or {}
+
+
+def _call_text(cell: dict[str, Any]) -> str | None:
+    return f"{cell['call']}: {cell.get('reason', '')}" if "call" in cell else None
+
+
+def _detectable(
+    schedule: Schedule, spread: DeviceSpread, values: list[NightlyValue]
+) -> DetectableEffectView | None:
+    """The smallest step the series confirms within 2 nights at 95% power, at the learned
+    spread and its runs per night (the mean of its last 10 nights, else the spec's)."""
+    settings = settings_of(schedule)
+    recent = [value.runs for value in values[-10:] if value.runs]
+    runs = round(sum(recent) / len(recent)) if recent else settings.base_runs
+    if spread.run_spread <= 0 and spread.night_spread <= 0:
+        return None
+    effect = minimum_detectable_effect(as_spread(spread), max(runs, 1), settings)
+    return DetectableEffectView(
+        effect=effect.effect,
+        runs_per_night=effect.runs_per_night,
+        min_effect=effect.min_effect,
+        warning=effect.warning,
+    )

@@ -22,6 +22,7 @@ from server.models import Scope
 from server.paths import DeviceClass, RowId
 from server.profiles import service as profiles_service
 from server.profiles.views import current_profile_views
+from server.schedules.spread import project_spreads
 from server.sweeps import service
 from server.sweeps.control import ready_devices_by_class
 from server.ui.fleet import fleet_context
@@ -106,7 +107,12 @@ def profiles_page(
     request: Request, user: UiUser, session: SessionDep, error: str | None = None
 ) -> HTMLResponse:
     return render(
-        request, "profiles.html", user=user, profiles=current_profile_views(session), error=error
+        request,
+        "profiles.html",
+        user=user,
+        profiles=current_profile_views(session),
+        spreads=project_spreads(session),
+        error=error,
     )
 
 

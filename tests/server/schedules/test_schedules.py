@@ -207,7 +207,9 @@ def test_two_racing_ticks_fire_a_due_night_once_and_a_missed_week_once(stack: St
 @pytest.mark.parametrize(
     ("override", "field"),
     [({"cron": "61 2 * * *"}, "cron"), ({"timezone": "Mars/Olympus"}, "timezone"),
-     ({"min_effect": 0.7}, "min_effect"), ({"min_effect": 0.0}, "min_effect")],
+     ({"min_effect": 0.7}, "min_effect"), ({"min_effect": 0.0}, "min_effect"),
+     ({"budget": 1}, "budget"), ({"budget": 0}, "budget"), ({"budget": 257}, "budget"),
+     ({"budget": "8"}, "budget")],
 )  # fmt: skip
 def test_bad_schedules_are_refused_with_the_field_named(
     api, user_token: str, worker_token: str, override: dict, field: str
