@@ -223,7 +223,7 @@ class _Rewriter:
         self.block.replace_uses_of_var_after_op(
             anchor_op=output_op, old_var=output_op.outputs[0], new_var=result
         )
-        _remove_dead(self.block, [output_op, *attention.region, anchor_op, *key.ops, *value.ops])
+        remove_dead(self.block, [output_op, *attention.region, anchor_op, *key.ops, *value.ops])
 
     def _rewrite_matmuls(self, attention: Attention, grouped_query: Any, shape: _Shape) -> Any:
         key, value = attention.key, attention.value
@@ -336,7 +336,7 @@ def _ungroup_output(
     return mb.reshape(x=swapped, shape=[1, heads, length, d], name=name, before_op=before_op)
 
 
-def _remove_dead(block: Any, candidates: list[Any]) -> None:
+def remove_dead(block: Any, candidates: list[Any]) -> None:
     """Remove the replaced ops, and the constants only they read, once nothing reads them."""
     outputs = {id(var) for var in block.outputs}
     pending = list(candidates)

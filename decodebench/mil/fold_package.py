@@ -46,7 +46,7 @@ def fold_mlpackage(source: Path | str, target: Path | str) -> FoldPackageReport:
         summary = f"{report.rewritten} of {report.found} attention patterns folded"
         save_package(package.program, target, package.spec, {FOLD_METADATA_KEY: summary})
     else:
-        _copy_package(source, target)
+        copy_package(source, target)
     return FoldPackageReport(
         source=str(source),
         target=str(target),
@@ -56,7 +56,7 @@ def fold_mlpackage(source: Path | str, target: Path | str) -> FoldPackageReport:
     )
 
 
-def _copy_package(source: Path, target: Path) -> None:
+def copy_package(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".saving-") as staging:
         staged = Path(staging) / target.name

@@ -26,6 +26,7 @@ from coremltools.converters.mil.mil import Program, types
 from pydantic import BaseModel, ConfigDict
 
 from decodebench.mil.anatomy import describe
+from decodebench.mil.fold import remove_dead
 from decodebench.mil.norms import Norm, find_norms
 
 SMALLEST_SCALE = 2.0**-14  # the smallest normal fp16 value
@@ -94,29 +95,6 @@ def _reason_to_leave(norm: Norm) -> str | None:
     return None
 
 
-def _remove_dead(block: Any, candidates: list[Any]) -> None:
-    pending = list(candidates)
-    outputs = {id(var) for var in block.outputs}
-    removed: set[int] = set()
-    while pending:
-        op = pending.pop(0)
-        if id(op) in removed or op.enclosing_block is not block:
-            continue
-        if any(var.child_ops or id(var) in outputs for var in op.outputs):
-            continue
-        parents = [
-            item.op
-            for value in op.inputs.values()
-            for item in (value if isinstance(value, list | tuple) else [value])
-            if item.op is not None
-        ]
-        block.remove_ops([op])
-        removed.add(id(op))
-        pending += [
-            parent for parent in parents if parent.op_type == "const" or parent in candidates
-        ]
-
-
 def repair_norms(program: Program) -> list[NormRepair]:
     """Rewrite every fp16 norm of ``program`` in place; one entry per norm found."""
     done: list[NormRepair] = []
@@ -133,7 +111,7 @@ def repair_norms(program: Program) -> list[NormRepair]:
                     function.replace_uses_of_var_after_op(
                         anchor_op=norm.normalise, old_var=old, new_var=output
                     )
-                _remove_dead(function, [norm.normalise, *reversed(norm.ops())])
+                remove_dead(function, [norm.normalise, *reversed(norm.ops())])
             done.append(
                 NormRepair(
                     function=function_name,

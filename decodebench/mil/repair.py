@@ -16,9 +16,6 @@ fold, a speed repair that is exact, is kept if it does not make agreement worse.
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from decodebench.mil.cache_io import Session, decode_session
 from decodebench.mil.fold import FoldReport, fold_program
+from decodebench.mil.fold_package import copy_package
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.norm_repair import NormRepair, repair_norms
 from decodebench.mil.program import MilError, load_package, save_package
@@ -235,7 +233,7 @@ def repair_mlpackage(
         ("norms", "fold"): both_package,
     }[tuple(applied)]
     if chosen is None:
-        _copy_package(source, target)
+        copy_package(source, target)
     else:
         summary = f"{len(rewritten)} norms made overflow-safe" if "norms" in applied else ""
         if "fold" in applied:
@@ -254,16 +252,6 @@ def repair_mlpackage(
         refused=refused,
         reference_tokens=reference_tokens,
     )
-
-
-def _copy_package(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".saving-") as staging:
-        staged = Path(staging) / target.name
-        shutil.copytree(source, staged)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staged, target)
 
 
 def render(report: RepairReport) -> str:
