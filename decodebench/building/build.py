@@ -20,6 +20,7 @@ sensitivity's thousands of short kernels each wait for the GIL the converter hol
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,7 +95,25 @@ def build(
     """The build of ``variant`` from ``source`` in ``out_dir``: fetched once, keyed, restored
     when it was built before, else made by the source; ``build.json`` written last."""
     started = time.perf_counter()
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(source, variant, out_dir, started, progress, converter, cache)
+    except BaseException:
+        if created:  # a refused or failed build leaves no folder of its own behind
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+
+
+def _build(
+    source: Source,
+    variant: VariantSpec,
+    out_dir: Path,
+    started: float,
+    progress: ProgressCallback | None,
+    converter: Converter | None,
+    cache: BuildCache | None,
+) -> BuildReport:
     recipe = parse_recipe(variant.quant)
     source.prepare()
     identity = source.identity((cache.root if cache else out_dir) / "fingerprints.json")

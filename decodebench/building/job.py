@@ -110,8 +110,13 @@ def resolve_config(model: str, variant: VariantSpec) -> ModelConfig:
     return config
 
 
-def validate_for_config(recipe: QuantRecipe, config: ModelConfig) -> None:
+def validate_for_config(recipe: QuantRecipe, config: ModelConfig, kv_window: bool = False) -> None:
     """What only the model can tell: raises :class:`BuildError` naming the field."""
+    if kv_window and not any(config.sliding_layers or ()):
+        raise BuildError(
+            f"kv_window: {config.name} has no sliding-window layers (the windowed KV layout "
+            "caches only a sliding layer's window)"
+        )
     if recipe.promote_top > config.num_layers:
         raise BuildError(
             f"quant: top{recipe.promote_top} promotes more layers than the model's "

@@ -93,7 +93,7 @@ class PresetSource(Source):
 
         variant = job.variant
         config = resolve_config(self.model, variant)
-        validate_for_config(job.recipe, config)  # before seconds of building
+        validate_for_config(job.recipe, config, variant.kv_window)  # before seconds of building
         # fp16 from the start: the package stores fp16 anyway, and the EXAONE shape in fp32
         # would need twice the memory for nothing.
         with job.clock.stage("build_model"):
@@ -144,12 +144,12 @@ class CheckpointSource(Source):
         variant, folder = job.variant, self._folder()
         with job.clock.stage("load_weights"):
             config, tensors = load_checkpoint(folder, torch.float16, variant.layers)
+            validate_for_config(job.recipe, config, variant.kv_window)
             torch_model = build_model(
                 config, variant.context, variant.attention, torch.float16, variant.kv,
                 weights=tensors, kv_window=variant.kv_window,
             )  # fmt: skip
             del tensors
-        validate_for_config(job.recipe, config)
         return convert_job(job, config, torch_model, folder)
 
 

@@ -122,6 +122,22 @@ def test_too_many_promoted_layers_name_the_field(tmp_path: Path) -> None:
         build_variant("tiny-gqa", VariantSpec(context=CONTEXT, quant="top5"), tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        (VariantSpec(context=CONTEXT, quant="top5"), "quant: top5 promotes more layers"),
+        (VariantSpec(context=CONTEXT, kv_window=True), "kv_window: tiny-gqa has no sliding"),
+    ],
+)
+def test_a_refused_build_leaves_no_folder_behind(
+    tmp_path: Path, variant: VariantSpec, message: str
+) -> None:
+    out = tmp_path / "new" / "build"
+    with pytest.raises(BuildError, match=message):
+        build_variant("tiny-gqa", variant, out)
+    assert not out.exists()
+
+
 def test_multifunction_prefill_and_host_kv(tmp_path: Path) -> None:
     variant = VariantSpec(context=CONTEXT, kv="input", prefill_chunk=8, quant="w8")
     report = build_variant("tiny-qwen", variant, tmp_path)
