@@ -187,6 +187,12 @@ def repair_mlpackage(
     reference_program = load_package(source).program
     widen_program(reference_program)
     reference = _session(reference_program, f"{source} (fp32)")
+    context, longest = reference.interface.context, max(len(prompt) for prompt in prompts)
+    if longest + steps > context:
+        raise MilError(
+            f"a prompt of {longest} tokens and {steps} steps need {longest + steps} positions; "
+            f"the package's context is {context}"
+        )
 
     original = load_package(source)
     norm_package = load_package(source)

@@ -50,6 +50,18 @@ def test_the_output_must_differ_from_the_input(massive_llama_package):
         repair_mlpackage(massive_llama_package, massive_llama_package, [[1]], steps=1)
 
 
+def test_prompts_and_steps_past_the_context_are_refused_before_any_proof(
+    massive_llama_package, tmp_path
+):
+    from decodebench.mil.program import MilError
+    from decodebench.mil.repair import repair_mlpackage
+
+    target = tmp_path / "repaired.mlpackage"
+    with pytest.raises(MilError, match=r"4 tokens and 100000 steps .* context is \d+"):
+        repair_mlpackage(massive_llama_package, target, PROMPTS, steps=100_000)
+    assert not target.exists()
+
+
 def test_smollm2_by_the_apple_recipe_overflows_at_layer_2_and_repaired_answers_paris(
     smollm2_recipe_package, smollm2_folder, tmp_path
 ):
