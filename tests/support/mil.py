@@ -23,3 +23,28 @@ def decompression_oracles(program: Program) -> int:
         )
         checked += 1
     return checked
+
+
+def decoder_norm(width: int) -> Program:
+    """The decoder's RMSNorm as the converter writes it in fp16 (input ``x``, [1, width]): the
+    17-op chain that scales by a power of two (abs, reduce_max, maximum, log, mul, ceil, exp2,
+    real_div, pow, ...), with gains from 0.5 to 1.5."""
+    import coremltools as ct
+    import torch
+
+    from decodebench.mil.program import quiet_coremltools
+    from decodebench.modeling import RMSNorm
+
+    norm = RMSNorm(width, 1e-5).eval()
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, width))
+    traced = torch.jit.trace(norm, torch.ones(1, width))
+    with quiet_coremltools():
+        model = ct.convert(
+            traced,
+            inputs=[ct.TensorType(name="x", shape=(1, width), dtype=np.float16)],
+            minimum_deployment_target=ct.target.iOS18,
+            compute_precision=ct.precision.FLOAT16,
+            skip_model_load=True,
+        )
+    return model._mil_program

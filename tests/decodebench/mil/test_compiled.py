@@ -7,13 +7,11 @@ from __future__ import annotations
 import coremltools as ct
 import numpy as np
 import pytest
-import torch
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from decodebench.mil.interpreter import Interpreter, InterpreterError, NonFiniteError
-from decodebench.mil.program import quiet_coremltools
-from decodebench.modeling import RMSNorm
+from tests.support.mil import decoder_norm
 
 RNG = np.random.default_rng(7)
 WIDTH = 64
@@ -30,27 +28,9 @@ def ran_compiled(interpreter: Interpreter) -> bool:
     return bool(interpreter._compiled)
 
 
-def decoder_norm():
-    """The decoder's RMSNorm as the converter writes it in fp16: the 17-op chain that scales
-    by a power of two (abs, reduce_max, maximum, log, mul, ceil, exp2, real_div, pow, ...)."""
-    norm = RMSNorm(WIDTH, 1e-5).eval()
-    with torch.no_grad():
-        norm.weight.copy_(torch.linspace(0.5, 1.5, WIDTH))
-    traced = torch.jit.trace(norm, torch.ones(1, WIDTH))
-    with quiet_coremltools():
-        model = ct.convert(
-            traced,
-            inputs=[ct.TensorType(name="x", shape=(1, WIDTH), dtype=np.float16)],
-            minimum_deployment_target=ct.target.iOS18,
-            compute_precision=ct.precision.FLOAT16,
-            skip_model_load=True,
-        )
-    return model._mil_program
-
-
 @pytest.mark.slow
 def test_an_overflow_inside_the_norm_chain_is_named_by_the_op_that_made_it(compiled) -> None:  # noqa: ANN001
-    program = decoder_norm()
+    program = decoder_norm(WIDTH)
     interpreter = Interpreter(program)
     ordinary = (RNG.standard_normal((1, WIDTH)) * 300).astype(np.float16)
     output = next(iter(interpreter.run({"x": ordinary}).values()))
