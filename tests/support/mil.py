@@ -25,6 +25,22 @@ def decompression_oracles(program: Program) -> int:
     return checked
 
 
+def naive_fp16_norm(width: int) -> Program:
+    """An RMSNorm written naively in fp16 (input ``x``, [1, width]): its square, the op named
+    ``square_overflows``, reaches infinity once |x| passes 256, and rsqrt hides it (0 after)."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import types
+
+    @mb.program(input_specs=[mb.TensorSpec((1, width), types.fp16)])
+    def norm(x):
+        squares = mb.pow(x=x, y=np.float16(2.0), name="square_overflows")
+        mean = mb.reduce_mean(x=squares, axes=[-1], keep_dims=True)
+        scale = mb.rsqrt(x=mb.add(x=mean, y=np.float16(1e-5)))
+        return mb.mul(x=x, y=scale, name="normed")
+
+    return norm
+
+
 def decoder_norm(width: int) -> Program:
     """The decoder's RMSNorm as the converter writes it in fp16 (input ``x``, [1, width]): the
     17-op chain that scales by a power of two (abs, reduce_max, maximum, log, mul, ceil, exp2,

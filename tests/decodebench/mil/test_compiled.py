@@ -11,7 +11,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from decodebench.mil.interpreter import Interpreter, InterpreterError, NonFiniteError
-from tests.support.mil import decoder_norm
+from tests.support.mil import decoder_norm, naive_fp16_norm
 
 RNG = np.random.default_rng(7)
 WIDTH = 64
@@ -48,26 +48,15 @@ def test_an_overflow_inside_the_norm_chain_is_named_by_the_op_that_made_it(compi
     assert caught.value.op_type == "exp2"
 
 
-def naive_norm():
-    @mb.program(input_specs=[mb.TensorSpec((1, WIDTH), types.fp16)])
-    def norm(x):
-        squares = mb.pow(x=x, y=np.float16(2.0), name="square_overflows")
-        mean = mb.reduce_mean(x=squares, axes=[-1], keep_dims=True)
-        scale = mb.rsqrt(x=mb.add(x=mean, y=np.float16(1e-5)))
-        return mb.mul(x=x, y=scale, name="normed")
-
-    return norm
-
-
 def test_an_infinity_a_later_op_hides_is_named_where_it_was_made(compiled) -> None:  # noqa: ANN001
     x = np.linspace(-3, 3, WIDTH, dtype=np.float16)[None]
     x[0, 7] = 1000.0  # 1000^2 > 65504; rsqrt(inf) = 0 then zeroes the row silently
-    interpreter = Interpreter(naive_norm())
+    interpreter = Interpreter(naive_fp16_norm(WIDTH))
     with pytest.raises(NonFiniteError, match=r"'square_overflows' \(pow -> ") as caught:
         interpreter.run({"x": x})
     assert (caught.value.op_name, caught.value.op_type) == ("square_overflows", "pow")
     assert ran_compiled(interpreter) == compiled
-    unchecked = Interpreter(naive_norm(), check_finite=False).run({"x": x})
+    unchecked = Interpreter(naive_fp16_norm(WIDTH), check_finite=False).run({"x": x})
     assert not unchecked["normed"].any()
 
 

@@ -15,25 +15,14 @@ from decodebench.building.build import BuildError, check_finite_decode
 from decodebench.cli import main
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import load_package, quiet_coremltools
-from tests.support.mil import decoder_norm
+from tests.support.mil import decoder_norm, naive_fp16_norm
 
 WIDTH = 576
 VOCAB = 16
 
 
-def naive_fp16_norm():
-    @mb.program(input_specs=[mb.TensorSpec((1, WIDTH), types.fp16)])
-    def norm(x):
-        squares = mb.pow(x=x, y=np.float16(2.0), name="square_overflows")
-        mean = mb.reduce_mean(x=squares, axes=[-1], keep_dims=True)
-        scale = mb.rsqrt(x=mb.add(x=mean, y=np.float16(1e-5)))
-        return mb.mul(x=x, y=scale, name="normed")
-
-    return norm
-
-
 def test_overflowing_norm_is_caught_with_the_op_named() -> None:
-    interpreter = Interpreter(naive_fp16_norm())
+    interpreter = Interpreter(naive_fp16_norm(WIDTH))
     small = np.linspace(-3, 3, WIDTH, dtype=np.float16)[None]
     assert np.isfinite(interpreter.run({"x": small})["normed"]).all()
     residual = small.copy()
@@ -41,7 +30,7 @@ def test_overflowing_norm_is_caught_with_the_op_named() -> None:
     with pytest.raises(NonFiniteError, match=r"'square_overflows' \(pow -> .*infinity") as caught:
         interpreter.run({"x": residual})
     assert (caught.value.op_name, caught.value.op_type) == ("square_overflows", "pow")
-    unchecked = Interpreter(naive_fp16_norm(), check_finite=False).run({"x": residual})
+    unchecked = Interpreter(naive_fp16_norm(WIDTH), check_finite=False).run({"x": residual})
     # Unchecked, rsqrt(inf) = 0 silently zeroes the whole row: the garbage a device decodes.
     assert not unchecked["normed"].any()
 
