@@ -24,59 +24,20 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program
 from coremltools.converters.mil.mil.passes.graph_pass import AbstractGraphPass
 from coremltools.converters.mil.mil.passes.pass_registry import register_pass
-from pydantic import BaseModel, ConfigDict
 
+from decodebench.contracts.doctor import FoldReport, PatternReport
 from decodebench.mil.attention import Attention, find_attentions
 from decodebench.mil.interpreter import numpy_dtype
 from decodebench.mil.replication import HeadMapping, Replication
 
 PASS_NAME = "decodebench::fold_gqa"
 logger = logging.getLogger(__name__)
-
-
-class PatternReport(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    function: str
-    kind: Literal["matmul", "sdpa"]
-    score_op: str
-    output_op: str
-    query_heads: int | None
-    kv_heads: int | None
-    query_length: int | None
-    head_mapping: str | None
-    replication_ops: list[str]
-    replicated_bytes: int
-    status: Literal["rewritten", "refused"]
-    reasons: list[str]
-
-
-class FoldReport(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    patterns: list[PatternReport]
-    stray_replications: list[str]
-    removed_ops: dict[str, int]
-    added_ops: dict[str, int]
-    mask_alignments: list[str]
-
-    @property
-    def found(self) -> int:
-        return len(self.patterns)
-
-    @property
-    def rewritten(self) -> int:
-        return sum(pattern.status == "rewritten" for pattern in self.patterns)
-
-    @property
-    def refused(self) -> int:
-        return sum(pattern.status == "refused" for pattern in self.patterns)
 
 
 def fold_program(program: Program) -> FoldReport:

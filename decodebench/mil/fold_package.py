@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.contracts.analysis import GraphAnalysis
-from decodebench.mil.fold import FoldReport, fold_program
+from decodebench.contracts.doctor import FoldReport
+from decodebench.mil.fold import fold_program
 from decodebench.mil.program import MilError, load_package, save_package
 
 MIB = 1024**2

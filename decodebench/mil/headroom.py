@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from decodebench.contracts.doctor import FP16_MAX, Hazard, HeadroomReport, NonFinite
 from decodebench.mil.anatomy import Place, describe
 from decodebench.mil.cache_io import Session, decode_session
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import load_package
 from decodebench.mil.widen import widen_program
 
-FP16_MAX = 65504.0
 DEFAULT_MARGIN = 4.0
 CLOSE_SHOWN = 10
 
@@ -59,61 +58,6 @@ class PeakRecorder(Interpreter):
                 peak = max(peak, float(magnitudes.max()))
         self.peaks[op.name] = peak
         return results
-
-
-class Hazard(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    op: str
-    op_type: str
-    label: str
-    layer: int | None
-    role: str
-    peak: float
-    overflow_prompts: int
-    close_prompts: int
-    prompts: int
-
-    @property
-    def overflows(self) -> bool:
-        return self.overflow_prompts > 0
-
-    def describe(self) -> str:
-        if self.overflows:
-            return (
-                f"{self.label}: {self.peak:,.0f} > {FP16_MAX:,.0f} on {self.overflow_prompts} of "
-                f"{self.prompts} prompts"
-            )
-        return (
-            f"{self.label}: {self.peak:,.0f}, within {FP16_MAX / self.peak:.1f}x of "
-            f"{FP16_MAX:,.0f} on {self.close_prompts} of {self.prompts} prompts"
-        )
-
-
-class NonFinite(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    op: str
-    op_type: str
-    label: str
-    prompt: int
-    message: str
-
-
-class HeadroomReport(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    package: str
-    prompts: int
-    steps: int
-    margin: float
-    hazards: list[Hazard]
-    first_non_finite: NonFinite | None
-    reference_tokens: list[list[int]]
-
-    @property
-    def overflows(self) -> list[Hazard]:
-        return [hazard for hazard in self.hazards if hazard.overflows]
 
 
 def _greedy(session: Session, prompt: Sequence[int], steps: int) -> list[int]:

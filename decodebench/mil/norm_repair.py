@@ -23,24 +23,13 @@ from typing import Any
 import numpy as np
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import Program, types
-from pydantic import BaseModel, ConfigDict
 
+from decodebench.contracts.doctor import NormRepair
 from decodebench.mil.anatomy import describe
 from decodebench.mil.fold import remove_dead
 from decodebench.mil.norms import Norm, find_norms
 
 SMALLEST_SCALE = 2.0**-14  # the smallest normal fp16 value
-
-
-class NormRepair(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    function: str
-    label: str
-    kind: str
-    square_op: str
-    status: str  # "rewritten" or "left"
-    reason: str | None = None
 
 
 def _constant(value: float, like: Any) -> Any:

@@ -15,102 +15,22 @@ fold, a speed repair that is exact, is kept if it does not make agreement worse.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from decodebench.contracts.doctor import Agreement, PromptAgreement, RepairReport
 from decodebench.mil.cache_io import Session, decode_session
-from decodebench.mil.fold import FoldReport, fold_program
+from decodebench.mil.fold import fold_program
 from decodebench.mil.fold_package import copy_package
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
-from decodebench.mil.norm_repair import NormRepair, repair_norms
+from decodebench.mil.norm_repair import repair_norms
 from decodebench.mil.program import MilError, load_package, save_package
 from decodebench.mil.widen import widen_program
 
 REPAIR_METADATA_KEY = "decodebench.repair"
-
-
-class PromptAgreement(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    index: int
-    identical: bool
-    first_divergent_step: int | None
-    max_abs_logit_diff: float
-    non_finite: str | None = None
-
-
-class Agreement(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    candidate: str
-    prompts: list[PromptAgreement]
-
-    @property
-    def identical(self) -> int:
-        return sum(prompt.identical for prompt in self.prompts)
-
-    @property
-    def share(self) -> float:
-        return self.identical / len(self.prompts) if self.prompts else 0.0
-
-    @property
-    def max_abs_logit_diff(self) -> float:
-        finite = [p.max_abs_logit_diff for p in self.prompts if p.non_finite is None]
-        return max(finite, default=float("inf"))
-
-    @property
-    def non_finite(self) -> int:
-        return sum(prompt.non_finite is not None for prompt in self.prompts)
-
-    def improves_on(self, other: Agreement) -> bool:
-        """More prompts with identical tokens, or as many and fewer with a non-finite value."""
-        if self.identical != other.identical:
-            return self.identical > other.identical
-        return self.non_finite < other.non_finite
-
-    def no_worse_than(self, other: Agreement) -> bool:
-        return self.identical >= other.identical and self.non_finite <= other.non_finite
-
-    def summary(self) -> str:
-        divergent = {p.index: p.first_divergent_step for p in self.prompts if not p.identical}
-        error = self.max_abs_logit_diff
-        text = f"{self.identical}/{len(self.prompts)} prompts identical ({self.share:.0%}), " + (
-            f"max |logit diff| {error:.4g}" if math.isfinite(error) else "no finite logits"
-        )
-        if self.non_finite:
-            text += f", {self.non_finite} non-finite"
-        if divergent:
-            text += f", first divergent step by prompt {divergent}"
-        return text
-
-
-class RepairReport(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    source: str
-    target: str
-    prompts: int
-    steps: int
-    norms: list[NormRepair]
-    fold: FoldReport | None
-    original: Agreement
-    candidates: list[Agreement]
-    applied: list[str]
-    refused: dict[str, str]
-    reference_tokens: list[list[int]]
-
-    @property
-    def result(self) -> Agreement:
-        chosen = "+".join(self.applied) if self.applied else "original"
-        for agreement in [self.original, *self.candidates]:
-            if agreement.candidate == chosen:
-                return agreement
-        return self.original
 
 
 def _session(program: Any, label: str) -> Session:

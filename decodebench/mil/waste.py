@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from coremltools.converters.mil.mil import types
-from pydantic import BaseModel, ConfigDict
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.contracts.analysis import GraphAnalysis
+from decodebench.contracts.doctor import Waste
 from decodebench.contracts.profiles import DEVICE_PROFILES
 from decodebench.mil.interpreter import numpy_dtype
 from decodebench.mil.program import load_package
@@ -35,17 +35,6 @@ from decodebench.mil.program import load_package
 LM_HEAD_SHARE = 0.25
 PALETTE_BITS = 6
 REPLICATIONS = ("tile", "repeat_concat", "repeat_gather")
-
-
-class Waste(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    kind: str
-    what: str
-    bytes_per_token: int
-    fix: str
-    applicable: bool  # can `decodebench repair` apply the fix to the package itself?
-    predicted_tok_s_after: dict[str, float]
 
 
 def _bytes(var: Any) -> int:

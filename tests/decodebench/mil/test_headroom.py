@@ -10,7 +10,8 @@ PROMPTS = [[1, 2, 3, 4], [9, 8, 7]]
 
 
 def test_the_overflowing_norms_are_named_by_layer_and_role(massive_llama_package):
-    from decodebench.mil.headroom import FP16_MAX, measure_headroom
+    from decodebench.contracts.doctor import FP16_MAX
+    from decodebench.mil.headroom import measure_headroom
 
     report = measure_headroom(massive_llama_package, PROMPTS, steps=3)
 
