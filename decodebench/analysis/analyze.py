@@ -51,6 +51,7 @@ from decodebench.contracts.names import (
 __all__ = [
     "ANALYSIS_VERSION",
     "AnalysisError",
+    "analyze_graphs",
     "analyze_mlpackage",
     "load_program",
 ]
@@ -137,6 +138,12 @@ def sliding_window_saving(
 
 def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
     """Analyse a saved ``.mlpackage`` without loading its weights or running it."""
+    return analyze_graphs(path)[0]
+
+
+def analyze_graphs(path: Path | str) -> tuple[GraphAnalysis, dict[str, FunctionGraph]]:
+    """The analysis and the function graphs it read, for a caller that reads them further
+    (:func:`decodebench.mil.waste.find_waste`) without parsing the program again."""
     spec, model_directory = load_program(path)
     graphs = function_graphs(spec, model_directory)
     decode_name = decode_function_name(spec)
@@ -174,7 +181,7 @@ def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
         kv_read_per_position=sum(state.bytes_per_position for state in read_states),
         kv_positions=max((state.positions for state in read_states), default=0),
     )
-    return GraphAnalysis(
+    analysis = GraphAnalysis(
         analysis_version=ANALYSIS_VERSION,
         functions=sorted(graphs),
         decode_function=decode_name,
@@ -203,10 +210,11 @@ def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
         bytes_per_token=moved,
         sliding_window=sliding_window_saving(states, window, context, moved),
     )
+    return analysis, graphs
 
 
-def render_analysis(analysis: GraphAnalysis, title: str) -> str:
-    """The text report of ``decodebench analyze``."""
+def render_analysis(analysis: GraphAnalysis, title: str, extra: Iterable[str] = ()) -> str:
+    """The text report of ``decodebench analyze``; ``extra`` lines go before the op histogram."""
     mib = 1024**2
     moved = analysis.bytes_per_token
     lines = [
@@ -243,6 +251,7 @@ def render_analysis(analysis: GraphAnalysis, title: str) -> str:
     if analysis.unknown_ops:
         unknown = ", ".join(f"{op} {count}" for op, count in sorted(analysis.unknown_ops.items()))
         lines.append(f"  unknown ops        {unknown}")
+    lines += extra
     lines.append("  op histogram")
     for op_type, count in sorted(analysis.op_counts.items(), key=lambda item: (-item[1], item[0])):
         lines.append(f"    {op_type:28s} {count}")

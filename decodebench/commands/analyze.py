@@ -2,7 +2,9 @@
 
 Reads the program with coremltools (no device needed) and prints its op counts, tile and
 state-write ops, weight bytes by encoding, and the bytes moved per token by category (weights,
-KV cache reads and writes, redundant copies). Exit status 0, or 2 when it cannot be analysed.
+KV cache reads and writes, redundant copies), then the avoidable bytes it recognises: each with
+its bytes per token, its fix, whether ``decodebench repair`` applies it, and the predicted tok/s
+per device class after it. Exit status 0, or 2 when it cannot be analysed.
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from decodebench.analysis.analyze import AnalysisError, analyze_mlpackage, render_analysis
+    from decodebench.analysis.analyze import AnalysisError, analyze_graphs, render_analysis
+    from decodebench.mil.waste import find_waste
+    from decodebench.mil.waste import render as render_waste
 
     try:
-        analysis = analyze_mlpackage(Path(args.path))
+        analysis, graphs = analyze_graphs(Path(args.path))
     except AnalysisError as error:
         raise CliError(str(error)) from None
+    waste = find_waste(Path(args.path), analysis, graphs)
     if args.json:
         payload = analysis.model_dump(mode="json")
+        payload["waste"] = [item.model_dump(mode="json") for item in waste]
         print(json.dumps(payload, indent=2, sort_keys=True))
         return 0
-    print(render_analysis(analysis, str(args.path)))
+    waste_lines = [f"  {line}" for line in render_waste(waste, analysis)]
+    print(render_analysis(analysis, str(args.path), waste_lines))
     return 0

@@ -4,45 +4,45 @@ Each :class:`Waste` says what moves, how many bytes per token it costs, the fix,
 predicted tok/s per device class with those bytes gone (the analysis's one prediction,
 :meth:`decodebench.contracts.profiles.DeviceProfile.predicted_tok_s`, on the total minus them):
 
-- **tiles and repeats** (counted by the analysis): of K/V heads, fold (``decodebench fold``);
-- **other pure copies** (transposes, broadcasts): fold them into their reader;
-- **KV cache as inputs/outputs**: a cache input passed out again whole, updated, crosses memory
-  in and out every step where a state is written one slice; the fix (Core ML states) needs the
-  conversion's ``states=`` and a decode loop that keeps an ``MLState``, so it cannot be applied
-  to the package alone;
+- **tiles and repeats** of a KV cache (counted by the analysis): fold the query instead
+  (``decodebench fold``, applied by ``decodebench repair``);
+- **other pure copies** (tiles of anything else, transposes, broadcasts): fold them into their
+  reader;
+- **KV cache as inputs/outputs**: a cache input passed out again whole, updated, is written
+  whole every step where a state is written one position (both are read whole: attention reads
+  the cache); the fix (Core ML states) needs the conversion's ``states=`` and a decode loop that
+  keeps an ``MLState``, so it cannot be applied to the package alone;
 - **fp32 islands**: values cast from fp16 to fp32, computed on and cast back; each fp32 value
   moves twice the bytes. Fix: compute in fp16 (for a norm, the overflow-safe rewrite);
 - **full-context masks**: a mask input as long as the cache, passed every step; fix: build it in
   the graph from the position;
 - **lm_head dominating the weights** (over a quarter of the bytes read): palettize it to 6 bits.
+
+Everything is read from the program's protobuf, as the analysis reads it (the weights stay on
+disk); :func:`decodebench.analysis.analyze.analyze_graphs` hands over what it parsed.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
-from coremltools.converters.mil.mil import types
-
-from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.analysis.analyze import analyze_graphs
+from decodebench.analysis.mlpackage import (
+    FunctionGraph,
+    dtype_bits,
+    dtype_name,
+    function_graphs,
+    load_program,
+    tensor_type,
+)
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.doctor import Waste
 from decodebench.contracts.profiles import DEVICE_PROFILES
-from decodebench.mil.interpreter import numpy_dtype
-from decodebench.mil.program import load_package
 
 LM_HEAD_SHARE = 0.25
 PALETTE_BITS = 6
 REPLICATIONS = ("tile", "repeat_concat", "repeat_gather")
-
-
-def _bytes(var: Any) -> int:
-    try:
-        size = math.prod(int(dim) for dim in var.shape)
-    except TypeError:
-        return 0
-    return size * numpy_dtype(var.dtype).itemsize
+FLOATS = ("FLOAT16", "FLOAT32")
 
 
 def _after(analysis: GraphAnalysis, saved: int) -> dict[str, float]:
@@ -53,18 +53,33 @@ def _after(analysis: GraphAnalysis, saved: int) -> dict[str, float]:
     }
 
 
-def _is_computed(var: Any) -> bool:
-    return var.op is None or (
-        var.op.op_type != "const" and not var.op.op_type.startswith("constexpr_")
+def _dtype(graph: FunctionGraph, name: str) -> str:
+    """The MIL dtype name (``FLOAT16``...) of a tensor value, "" for anything else."""
+    value_type = graph.types.get(name)
+    tensor = None if value_type is None else tensor_type(value_type)
+    return "" if tensor is None else dtype_name(tensor.dataType)
+
+
+def _is_computed(graph: FunctionGraph, name: str) -> bool:
+    producer = graph.producers.get(name)
+    return producer is None or (
+        producer.type != "const" and not producer.type.startswith("constexpr_")
     )
 
 
-def find_waste(path: Path | str, analysis: GraphAnalysis | None = None) -> list[Waste]:
-    analysis = analysis or analyze_mlpackage(path)
-    program = load_package(path).program
-    function = program.functions.get(analysis.decode_function or "main") or next(
-        iter(program.functions.values())
-    )
+def find_waste(
+    path: Path | str,
+    analysis: GraphAnalysis | None = None,
+    graphs: dict[str, FunctionGraph] | None = None,
+) -> list[Waste]:
+    """The avoidable bytes of the package at ``path``, read from its protobuf (weights stay on
+    disk). Pass the ``analysis`` and the ``graphs`` :func:`analyze_graphs` returned to read the
+    program once."""
+    if analysis is None:
+        analysis, graphs = analyze_graphs(path)
+    elif graphs is None:
+        graphs = function_graphs(*load_program(path))
+    graph = graphs.get(analysis.decode_function) or next(iter(graphs.values()))
     found: list[Waste] = []
 
     def add(kind: str, what: str, saved: int, fix: str, applicable: bool = False) -> None:
@@ -73,80 +88,91 @@ def find_waste(path: Path | str, analysis: GraphAnalysis | None = None) -> list[
             found.append(Waste(kind=kind, what=what, bytes_per_token=saved, fix=fix,
                                applicable=applicable, predicted_tok_s_after=after))  # fmt: skip
 
+    # A replica of a KV cache is the fold's (repair applies it); any other copy, a RoPE table
+    # concatenated with itself say, is for the source to avoid.
+    caches = {state.name for state in analysis.states}
     copies = analysis.redundant_ops
-    replicas = [copy for copy in copies if copy.kind in REPLICATIONS]
-    others = [copy for copy in copies if copy.kind not in REPLICATIONS]
+    replicated = [copy.kind in REPLICATIONS and copy.source in caches for copy in copies]
+    replicas = [copy for copy, kv in zip(copies, replicated, strict=True) if kv]
+    others = [copy for copy, kv in zip(copies, replicated, strict=True) if not kv]
     add(
         "tiles and repeats",
-        f"{len(replicas)} tile / repeat copies",
+        f"{len(replicas)} tile / repeat copies of the KV cache",
         sum(copy.moved_bytes for copy in replicas),
-        "of K/V heads: fold the query instead (decodebench fold / repair); others: read the source",
+        "fold the query instead of replicating K/V heads (decodebench fold / repair)",
         applicable=True,
     )
+    kinds = ", ".join(sorted({copy.kind for copy in others}))
     add(
         "pure copies",
-        f"{len(others)} transposes / broadcasts written and read again",
+        f"{len(others)} copies ({kinds}) written and read again",
         sum(copy.moved_bytes for copy in others),
-        "fold each into the op reading it",
+        "fold each into the op reading it (in the model source)",
     )
-    outputs = list(function.outputs)
-    cache_inputs = (
-        [state.name for state in analysis.states] if analysis.kv_source == "inputs" else []
-    )
+    outputs = graph.outputs
+    # A cache input returned whole (an output of its shape, paired in order) is written whole
+    # every step; a state would be written one position. The read stays: attention needs it.
+    inputs_passed_out: list[str] = []
     crossing = 0
-    for name in cache_inputs:
-        var = function.inputs.get(name)
-        if var is not None:
-            passed_out = [out for out in outputs if tuple(out.shape) == tuple(var.shape)]
-            crossing += _bytes(var) + sum(_bytes(out) for out in passed_out[:1])
+    taken: set[str] = set()
+    for state in analysis.states if analysis.kv_source == "inputs" else []:
+        shape = graph.shape_of(state.name)
+        out = next((o for o in outputs if o not in taken and graph.shape_of(o) == shape), None)
+        if shape is not None and out is not None:
+            taken.add(out)
+            inputs_passed_out.append(state.name)
+            crossing += graph.bytes_of(out) - state.bytes_per_position
     add(
         "KV cache as I/O",
-        f"{len(cache_inputs)} cache inputs passed in whole and out again every step",
+        f"{len(inputs_passed_out)} cache inputs passed out again whole, updated, every step",
         crossing,
         "make the caches Core ML states (convert with states=..., iOS 18) and keep an MLState "
         "in the decode loop: only the new K/V slice is written",
     )
     widened = [
-        op
-        for op in function.operations
-        if op.op_type == "cast"
-        and _is_computed(op.inputs["x"])
-        and op.inputs["x"].dtype == types.fp16
-        and op.outputs[0].dtype == types.fp32
+        operation.outputs[0].name
+        for operation in graph.operations
+        if operation.type == "cast"
+        and (source := graph.argument_name(operation, "x")) is not None
+        and _is_computed(graph, source)
+        and _dtype(graph, source) == "FLOAT16"
+        and _dtype(graph, operation.outputs[0].name) == "FLOAT32"
     ]
     add(
         "fp32 islands",
         f"{len(widened)} fp16 values widened to fp32 and computed on",
         # Each fp32 copy is twice its fp16 bytes: the extra half written and read again.
-        sum(_bytes(op.outputs[0]) for op in widened),
+        sum(graph.bytes_of(name) for name in widened),
         "compute in fp16 where the headroom allows (norms: the overflow-safe rewrite)",
     )
     context = max((state.positions for state in analysis.states), default=0)
     masks = [
-        var
-        for var in function.inputs.values()
-        if var.name not in cache_inputs
-        and types.is_tensor(var.sym_type)
-        and var.dtype in (types.fp16, types.fp32)
-        and len(var.shape) >= 2
-        and context
-        and var.shape[-1] == context
+        name
+        for name, value_type in graph.inputs.items()
+        if context
+        and name not in caches
+        and value_type.WhichOneof("type") == "tensorType"
+        and _dtype(graph, name) in FLOATS
+        and len(shape := graph.shape_of(name) or []) >= 2
+        and shape[-1] == context
     ]
     add(
         "full-context masks",
         f"{len(masks)} mask input(s) of {context} positions every step",
-        sum(_bytes(var) for var in masks),
+        sum(graph.bytes_of(name) for name in masks),
         "build the mask in the graph from the position input",
     )
     heads = [
-        op.inputs["weight"]
-        for op in function.operations
-        if op.op_type == "linear" and any(out in outputs for out in op.outputs)
+        name
+        for operation in graph.operations
+        if operation.type == "linear"
+        and any(out.name in outputs for out in operation.outputs)
+        and (name := graph.argument_name(operation, "weight")) is not None
     ]
-    head_bytes = sum(_bytes(weight) for weight in heads)
+    head_bytes = sum(graph.bytes_of(name) for name in heads)
     weights = max(analysis.bytes_per_token.weights, 1)
     if head_bytes / weights > LM_HEAD_SHARE:
-        bits = numpy_dtype(heads[0].dtype).itemsize * 8
+        bits = dtype_bits(tensor_type(graph.types[heads[0]]).dataType)  # type: ignore[union-attr]
         add(
             "lm_head dominates",
             f"the lm_head is {head_bytes / weights:.0%} of the weight bytes",
@@ -161,6 +187,8 @@ def _size(count: int) -> str:
 
 
 def render(found: list[Waste], analysis: GraphAnalysis) -> list[str]:
+    """Each waste on a line (kind, what, bytes per token), then its fix and whether
+    ``decodebench repair`` applies it, then the predicted tok/s per device class after it."""
     lines = [f"avoidable bytes per token (of {analysis.bytes_per_token.total / 2**20:,.1f} MiB)"]
     if not found:
         lines.append("  none recognised")
@@ -170,8 +198,12 @@ def render(found: list[Waste], analysis: GraphAnalysis) -> list[str]:
             f"{device} {now.get(device, 0):.1f} -> {rate:.1f}"
             for device, rate in waste.predicted_tok_s_after.items()
         )
-        lines.append(
-            f"  {waste.kind}: {waste.what}: {_size(waste.bytes_per_token)}/token; "
-            f"fix: {waste.fix}; predicted tok/s {rates}"
+        repair = (
+            "decodebench repair applies it" if waste.applicable else "not by decodebench repair"
         )
+        lines += [
+            f"  {waste.kind}: {waste.what}: {_size(waste.bytes_per_token)}/token",
+            f"    fix ({repair}): {waste.fix}",
+            f"    predicted tok/s after the fix: {rates}",
+        ]
     return lines

@@ -138,6 +138,23 @@ def test_analyze_prints_the_accounting(packages) -> None:
     assert "bytes per token" in result.stdout and "kv read" in result.stdout
     assert "tile          " in result.stdout and "<- read_state key_cache_0" in result.stdout
     assert "predicted          iphone-17-pro:" in result.stdout
+    # The avoidable bytes, before the op histogram: the replicated KV is the fold's, and
+    # `decodebench repair` applies it.
+    waste = result.stdout[: result.stdout.index("  op histogram")]
+    size = 2 * 2 * LAYERS * TILE_BYTES / 2**20
+    assert (
+        f"    tiles and repeats: {2 * LAYERS} tile / repeat copies of the KV cache: "
+        f"{size:,.2f} MiB/token" in waste
+    )
+    assert "fix (decodebench repair applies it): fold the query" in waste
+    after = [line for line in waste.splitlines() if "predicted tok/s after the fix: " in line]
+    assert after and all(f"{device} " in after[0] for device in DEVICE_PROFILES)
     payload = json.loads(run_cli("analyze", str(packages[Attention.folded]), "--json").stdout)
     assert payload["redundant_ops"] == []
     assert set(payload["predicted_tok_s"]) == set(DEVICE_PROFILES)
+    assert "tiles and repeats" not in {item["kind"] for item in payload["waste"]}
+    replicated = json.loads(run_cli("analyze", str(packages[Attention.repeat_kv]), "--json").stdout)
+    tiles = next(item for item in replicated["waste"] if item["kind"] == "tiles and repeats")
+    assert tiles["bytes_per_token"] == 2 * 2 * LAYERS * TILE_BYTES and tiles["applicable"]
+    # With the tiles gone, the prediction is the folded build's: same weights, same KV.
+    assert tiles["predicted_tok_s_after"] == pytest.approx(payload["predicted_tok_s"])
