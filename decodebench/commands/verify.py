@@ -1,5 +1,8 @@
 """``decodebench verify A.mlpackage B.mlpackage --steps N``: do two programs decode the same?
 
+Each program's KV cache is its Core ML states or, the older layout, inputs it returns whole,
+updated, as outputs of the same shape (fed back at the next step); the two may differ.
+
 Exit status: 0 when the greedy tokens agree (and logits stay within ``--atol``), 1 when they
 diverge or either program yields a non-finite value (the op is named), 2 when the programs
 cannot be loaded, recognised or run.
@@ -99,9 +102,14 @@ def render(result: Any) -> str:
     if result.non_finite:
         lines.insert(1, f"  NON-FINITE        {result.non_finite}")
     for label, interface in (("a", result.interface_a), ("b", result.interface_b)):
+        cache = (
+            f"cache inputs/outputs={len(interface.caches)}"
+            if interface.caches
+            else f"states={len(interface.states)}"
+        )
         lines.append(
             f"  inputs {label}          token={interface.token} position={interface.position} "
             f"mask={interface.mask} ({interface.mask_kind}) logits={interface.logits} "
-            f"context={interface.context} states={len(interface.states)}"
+            f"context={interface.context} {cache}"
         )
     return "\n".join(lines)

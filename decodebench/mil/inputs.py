@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,6 +90,8 @@ class DecodeInterface(BaseModel):
     context: int
     vocab: int
     states: list[str]
+    # KV cache inputs -> the outputs returning them (a program without states); empty otherwise.
+    caches: dict[str, str] = {}
 
 
 def _is_int(spec: TensorSpec) -> bool:
@@ -136,24 +139,38 @@ def _named(interpreter: Interpreter, name: str, role: str, program: str) -> Tens
 
 
 def recognise(
-    interpreter: Interpreter, mapping: InputMapping | None = None, program: str = "program"
+    interpreter: Interpreter,
+    mapping: InputMapping | None = None,
+    program: str = "program",
+    caches: Mapping[str, str] | None = None,
 ) -> DecodeInterface:
-    """The decode interface of ``interpreter``'s function, or an error naming what is unclear."""
+    """The decode interface of ``interpreter``'s function, or an error naming what is unclear.
+
+    The KV cache is the program's states, or, without states, ``caches``: the cache inputs and
+    the outputs that return them (:mod:`decodebench.mil.cache_io` pairs them); those take no
+    other role.
+    """
     mapping = mapping or InputMapping()
-    if not interpreter.states:
+    caches = dict(caches or {})
+    if not interpreter.states and not caches:
         raise MilError(
-            f"{program}: has no states; only stateful decode steps (KV cache as Core ML "
-            "states) can be driven"
+            f"{program}: has no states and no cache inputs; only decode steps whose KV cache is "
+            "Core ML states or inputs returned whole as outputs can be driven"
         )
-    context = _context_from_states(interpreter)
-    specs = list(interpreter.inputs.values())
+    context = (
+        _context_from_states(interpreter)
+        if interpreter.states
+        else _context_of(interpreter, caches)
+    )
+    specs = [spec for spec in interpreter.inputs.values() if spec.name not in caches]
     # Every cache a ring of a sliding window (all layers slide): the mask still spans the context.
     context = max(
         [context] + [spec.shape[-1] for spec in specs if spec.shape and MASK_NAME.search(spec.name)]
     )
-    logits = _logits(interpreter, mapping, program)
+    logits = _logits(interpreter, mapping, program, set(caches.values()))
     evidence = infer_roles(interpreter.function, logits.shape[-1], context)
     mapped = {name for name in (mapping.token, mapping.position, mapping.mask) if name}
+    mapped |= set(caches)
 
     if mapping.token:
         token = _named(interpreter, mapping.token, "token", program)
@@ -209,6 +226,7 @@ def recognise(
         context=context,
         vocab=logits.shape[-1],
         states=sorted(interpreter.states),
+        caches=caches,
     )
 
 
@@ -222,8 +240,18 @@ def _context_from_states(interpreter: Interpreter) -> int:
     return max(lengths)
 
 
-def _logits(interpreter: Interpreter, mapping: InputMapping, program: str) -> TensorSpec:
-    outputs = {spec.name: spec for spec in interpreter.outputs}
+def _context_of(interpreter: Interpreter, caches: Mapping[str, str]) -> int:
+    # Cache inputs are [..., context, head_dim] like states, and hold the whole context each.
+    lengths = {interpreter.inputs[name].shape[-2] for name in caches}
+    if len(lengths) != 1:
+        raise MilError(f"cache inputs disagree on the context length: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def _logits(
+    interpreter: Interpreter, mapping: InputMapping, program: str, caches: set[str]
+) -> TensorSpec:
+    outputs = {spec.name: spec for spec in interpreter.outputs if spec.name not in caches}
     if mapping.logits:
         if mapping.logits not in outputs:
             raise MilError(

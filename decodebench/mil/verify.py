@@ -10,6 +10,9 @@ logit difference stays within ``atol + rtol * max|logits|`` (fp16 noise); a tole
 alone also counts as a divergence, so two programs that compute different functions are
 reported as different even when a tiny model happens to pick the same tokens.
 
+Each program's KV cache is its states or inputs returned whole as outputs
+(:func:`decodebench.mil.cache_io.decode_session`), so the two layouts compare with each other.
+
 A program that yields a non-finite value (an op making NaN or overflowing, or a non-finite
 logit) never agrees: the comparison stops there and ``non_finite`` says which program and op.
 """
@@ -23,92 +26,27 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from decodebench.mil.cache_io import decode_session
 from decodebench.mil.defaults import DEFAULT_ATOL, DEFAULT_PROMPT, DEFAULT_RTOL
-from decodebench.mil.inputs import DecodeInterface, InputMapping, MappingFile, recognise, step_feed
+from decodebench.mil.inputs import DecodeInterface, InputMapping, MappingFile
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import MilError, load_package
+from decodebench.mil.session import DecodeSession, Session, chunk_feed, prefill_chunk
+
+# Where the decode loops lived before decodebench.mil.session; importers keep working.
+__all__ = [
+    "DecodeSession",
+    "Session",
+    "VerifyResult",
+    "chunk_feed",
+    "compare_sessions",
+    "load_interpreters",
+    "open_session",
+    "prefill_chunk",
+    "verify_packages",
+]
 
 PREFILL_FUNCTION = "prefill"  # what decodebench.building.convert names a package's prefill function
-
-
-class DecodeSession:
-    """One program's decode loop: a KV cache (the states) and a step function.
-
-    With ``prefill`` (the interpreter of the program's prefill function, sharing the states) the
-    prompt goes through it a chunk at a time, as a phone does; what is left over, and a
-    decode-only program's whole prompt, is stepped one token at a time.
-    """
-
-    def __init__(
-        self,
-        interpreter: Interpreter,
-        interface: DecodeInterface,
-        prefill: Interpreter | None = None,
-    ) -> None:
-        self.interpreter = interpreter
-        self.interface = interface
-        self.prefill_interpreter = prefill
-        self.states = interpreter.new_states()
-
-    @property
-    def has_prefill(self) -> bool:
-        return self.prefill_interpreter is not None
-
-    def reset(self) -> None:
-        self.states = self.interpreter.new_states()
-
-    def step(self, token: int, position: int) -> np.ndarray:
-        """Logits [vocab] (fp32) after writing ``token`` at ``position``."""
-        feed = step_feed(self.interpreter, self.interface, token, position)
-        outputs = self.interpreter.run(feed, self.states)
-        logits = np.asarray(outputs[self.interface.logits], dtype=np.float32)
-        return logits.reshape(-1, self.interface.vocab)[-1]
-
-    def prefill(self, prompt: Sequence[int], start: int = 0) -> np.ndarray:
-        """Logits [len(prompt), vocab] (fp32) of the prompt written from position ``start``."""
-        rows: list[np.ndarray] = []
-        done = 0
-        if self.prefill_interpreter is not None:
-            chunk = prefill_chunk(self.prefill_interpreter, self.interface)
-            context = self.interface.context
-            while len(prompt) - done >= chunk and start + done + chunk <= context:
-                tokens = prompt[done : done + chunk]
-                feed = chunk_feed(self.prefill_interpreter, self.interface, tokens, start + done)
-                outputs = self.prefill_interpreter.run(feed, self.states)
-                logits = np.asarray(outputs[self.interface.logits], dtype=np.float32)
-                rows.extend(logits.reshape(-1, self.interface.vocab))
-                done += chunk
-        for token in prompt[done:]:
-            rows.append(self.step(token, start + done))
-            done += 1
-        return np.stack(rows)
-
-    def next_token(self, token: int, position: int) -> int:
-        """The greedy token after ``token`` at ``position`` (a harness token source)."""
-        return int(np.argmax(self.step(token, position)))
-
-
-def prefill_chunk(interpreter: Interpreter, interface: DecodeInterface) -> int:
-    """The query length of a prefill function: its token input's last axis."""
-    return int(interpreter.inputs[interface.token].shape[-1])
-
-
-def chunk_feed(
-    interpreter: Interpreter, interface: DecodeInterface, tokens: Sequence[int], position: int
-) -> dict[str, np.ndarray]:
-    """The inputs of one prefill chunk: ``tokens`` from ``position`` (its mask is in-graph)."""
-    specs = interpreter.inputs
-    unknown = set(specs) - {interface.token, interface.position}
-    if unknown or interface.position is None:
-        raise MilError(f"the prefill function takes inputs it cannot be fed: {sorted(unknown)}")
-    for token in tokens:
-        if not 0 <= token < interface.vocab:
-            raise MilError(f"token {token} outside the vocabulary of {interface.vocab}")
-    token_spec, position_spec = specs[interface.token], specs[interface.position]
-    return {
-        interface.token: np.asarray(tokens, token_spec.dtype).reshape(token_spec.shape),
-        interface.position: np.full(position_spec.shape, position, position_spec.dtype),
-    }
 
 
 # Programs loaded in this process, by content: `verify A A` and repeated sessions load once.
@@ -148,10 +86,11 @@ def package_digest(path: Path | str) -> str:
 
 def open_session(
     path: Path | str, mapping: InputMapping | None = None, label: str | None = None
-) -> DecodeSession:
+) -> Session:
+    """The decode loop of a package: over its states, or over its KV cache as inputs and
+    outputs (:mod:`decodebench.mil.cache_io`); an error naming the package if it is neither."""
     decode, prefill = load_interpreters(path)
-    interface = recognise(decode, mapping, label or str(path))
-    return DecodeSession(decode, interface, prefill)
+    return decode_session(decode, label or str(path), mapping, prefill)
 
 
 class VerifyResult(BaseModel):
@@ -176,8 +115,8 @@ class VerifyResult(BaseModel):
 
 
 def compare_sessions(
-    a: DecodeSession,
-    b: DecodeSession,
+    a: Session,
+    b: Session,
     steps: int,
     prompt: Sequence[int] = DEFAULT_PROMPT,
     atol: float = DEFAULT_ATOL,
@@ -271,7 +210,7 @@ def compare_sessions(
     )
 
 
-def _finite_step(session: DecodeSession, label: str, token: int, position: int) -> np.ndarray:
+def _finite_step(session: Session, label: str, token: int, position: int) -> np.ndarray:
     """One step's logits; NonFiniteError naming the program if an op or a logit is not finite."""
     try:
         logits = session.step(token, position)
@@ -285,7 +224,7 @@ def _finite_step(session: DecodeSession, label: str, token: int, position: int) 
     return logits
 
 
-def _finite_prefill(session: DecodeSession, label: str, prompt: Sequence[int]) -> np.ndarray:
+def _finite_prefill(session: Session, label: str, prompt: Sequence[int]) -> np.ndarray:
     """The prompt's logits through the prefill function; NonFiniteError naming the program."""
     try:
         rows = session.prefill(prompt)
