@@ -6,8 +6,9 @@ first overflow, and the avoidable bytes per token of both KV layouts.
 
 The packages are converted once (tests/support/recipe.py, cached under
 ~/.cache/decodebench/recipe). Prints the headroom report (the fp32 run's largest |value| per op
-against 65,504, on how many prompts), the waste list of the state and the KV-as-I/O packages, and
-CPU seconds per decode step of the fp32 recording run with the load average around it.
+against 65,504, on how many prompts), the waste list of the state and the KV-as-I/O packages
+(with the CPU time of the analysis and of the waste list on top of it), and CPU seconds per
+decode step of the fp32 recording run with the load average around it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from decodebench.analysis.analyze import analyze_mlpackage  # noqa: E402
+from decodebench.analysis.analyze import analyze_graphs  # noqa: E402
 from decodebench.building.realmodels import fetch_model  # noqa: E402
 from decodebench.mil.headroom import measure_headroom, render  # noqa: E402
 from decodebench.mil.program import quiet_coremltools  # noqa: E402
@@ -53,10 +54,15 @@ def main() -> int:
         overflowing = sorted({h.layer for h in report.overflows if h.layer is not None})
         print(f"layers with an overflowing op: {len(overflowing)} ({overflowing})")
         for label, package in (("state", state), ("io", io)):
-            analysis = analyze_mlpackage(package)
+            cpu_before = time.process_time()
+            analysis, graphs = analyze_graphs(package)
+            cpu_analysis = time.process_time() - cpu_before
+            waste = find_waste(package, analysis, graphs)
+            cpu_waste = time.process_time() - cpu_before - cpu_analysis
+            print(f"{label} layout: " + "\n".join(render_waste(waste, analysis)))
             print(
-                f"{label} layout: "
-                + "\n".join(render_waste(find_waste(package, analysis), analysis))
+                f"  analysis {cpu_analysis * 1000:.0f} ms CPU, waste list {cpu_waste * 1000:.1f} ms"
+                f" CPU more (load average {os.getloadavg()[0]:.2f})"
             )
     steps = sum(len(prompt) + args.steps - 1 for prompt in prompts)
     print(

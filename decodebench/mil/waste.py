@@ -24,6 +24,7 @@ disk); :func:`decodebench.analysis.analyze.analyze_graphs` hands over what it pa
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from pathlib import Path
 
 from decodebench.analysis.analyze import analyze_graphs
@@ -51,6 +52,10 @@ def _after(analysis: GraphAnalysis, saved: int) -> dict[str, float]:
         name: profile.predicted_tok_s(total, analysis.dispatch_ops)
         for name, profile in DEVICE_PROFILES.items()
     }
+
+
+def _count(items: Sized, one: str, many: str = "") -> str:
+    return f"{len(items)} {one if len(items) == 1 else many or one + 's'}"
 
 
 def _dtype(graph: FunctionGraph, name: str) -> str:
@@ -97,7 +102,7 @@ def find_waste(
     others = [copy for copy, kv in zip(copies, replicated, strict=True) if not kv]
     add(
         "tiles and repeats",
-        f"{len(replicas)} tile / repeat copies of the KV cache",
+        f"{_count(replicas, 'tile / repeat copy', 'tile / repeat copies')} of the KV cache",
         sum(copy.moved_bytes for copy in replicas),
         "fold the query instead of replicating K/V heads (decodebench fold / repair)",
         applicable=True,
@@ -105,7 +110,7 @@ def find_waste(
     kinds = ", ".join(sorted({copy.kind for copy in others}))
     add(
         "pure copies",
-        f"{len(others)} copies ({kinds}) written and read again",
+        f"{_count(others, 'copy', 'copies')} ({kinds}) written and read again",
         sum(copy.moved_bytes for copy in others),
         "fold each into the op reading it (in the model source)",
     )
@@ -124,7 +129,7 @@ def find_waste(
             crossing += graph.bytes_of(out) - state.bytes_per_position
     add(
         "KV cache as I/O",
-        f"{len(inputs_passed_out)} cache inputs passed out again whole, updated, every step",
+        f"{_count(inputs_passed_out, 'cache input')} passed out again whole, updated, every step",
         crossing,
         "make the caches Core ML states (convert with states=..., iOS 18) and keep an MLState "
         "in the decode loop: only the new K/V slice is written",
@@ -140,7 +145,7 @@ def find_waste(
     ]
     add(
         "fp32 islands",
-        f"{len(widened)} fp16 values widened to fp32 and computed on",
+        f"{_count(widened, 'fp16 value')} widened to fp32 and computed on",
         # Each fp32 copy is twice its fp16 bytes: the extra half written and read again.
         sum(graph.bytes_of(name) for name in widened),
         "compute in fp16 where the headroom allows (norms: the overflow-safe rewrite)",
@@ -158,7 +163,7 @@ def find_waste(
     ]
     add(
         "full-context masks",
-        f"{len(masks)} mask input(s) of {context} positions every step",
+        f"{_count(masks, 'mask input')} of {context} positions every step",
         sum(graph.bytes_of(name) for name in masks),
         "build the mask in the graph from the position input",
     )
