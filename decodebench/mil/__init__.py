@@ -2,7 +2,9 @@
 
 - :mod:`decodebench.mil.interpreter` runs a program in NumPy (``ops`` holds the kernels);
 - :mod:`decodebench.mil.verify` decodes with two programs and compares tokens and logits,
-  :mod:`decodebench.mil.inputs` works out which input is which;
+  :mod:`decodebench.mil.inputs` works out which input is which; a decode loop
+  (:mod:`decodebench.mil.session`) holds the KV cache as the program's states, or, for a cache
+  passed in and out as inputs and outputs, as arrays (:mod:`decodebench.mil.cache_io`);
 - :mod:`decodebench.mil.fold` is the GQA fold graph pass; importing it registers
   ``decodebench::fold_gqa`` with coremltools, :mod:`decodebench.mil.fold_package` applies it to
   a saved ``.mlpackage``;

@@ -76,7 +76,7 @@ def verify(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, s
     return code, json.loads(captured.out), captured.err
 
 
-def test_io_against_io_is_identical(packages, capsys) -> None:  # noqa: ANN001
+def test_io_against_io_is_identical(packages, capsys, tmp_path: Path) -> None:  # noqa: ANN001
     code, result, _ = verify(capsys, str(packages["io"]), str(packages["io"]), "--steps", "8")
     assert code == 0 and result["agree"]
     assert result["max_abs_diff"] == 0.0 and result["tokens_a"] == result["tokens_b"]
@@ -89,6 +89,19 @@ def test_io_against_io_is_identical(packages, capsys) -> None:  # noqa: ANN001
         "position",
         "causal_mask",
     )
+
+    # An --inputs mapping works as for a stateful program; the caches' outputs are not logits.
+    mapping = tmp_path / "inputs.json"
+    mapping.write_text(json.dumps({"token": "input_ids", "logits": "logits"}))
+    code, mapped, _ = verify(
+        capsys, str(packages["io"]), str(packages["io"]), "--inputs", str(mapping)
+    )
+    assert code == 0 and mapped["interface_a"] == interface
+    mapping.write_text(json.dumps({"b": {"logits": "key_cache_out"}}))
+    code, _, err = verify(
+        capsys, str(packages["io"]), str(packages["io"]), "--inputs", str(mapping)
+    )
+    assert code == 2 and "no output 'key_cache_out'; outputs are logits" in err
 
 
 def test_io_against_state_of_the_same_weights(packages, capsys) -> None:  # noqa: ANN001
