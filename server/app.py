@@ -12,6 +12,7 @@ from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
 from server.builds.endpoints import router as builds_router
 from server.config import get_settings
+from server.doctor.endpoints import router as doctor_router
 from server.errors import install_error_handlers
 from server.health import router as health_router
 from server.limits import install_limits
@@ -53,6 +54,7 @@ def create_app() -> FastAPI:
         artifacts_router,
         uploads_router,
         models_router,
+        doctor_router,
         sign_in_router,
         schedules_router,
         alerts_router,
