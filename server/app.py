@@ -22,6 +22,7 @@ from server.schedules.endpoints import router as schedules_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.build_pages import router as build_pages_router
 from server.ui.docs import mount_docs
+from server.ui.doctor_pages import router as doctor_pages_router
 from server.ui.error_pages import install_page_error_handlers
 from server.ui.nightly_pages import router as nightly_pages_router
 from server.ui.pages import router as ui_router
@@ -62,6 +63,7 @@ def create_app() -> FastAPI:
         sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
         build_pages_router,
         nightly_pages_router,
+        doctor_pages_router,
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"
