@@ -20,6 +20,7 @@ from stack import Stack
 
 from decodebench.cli import main
 from decodebench.client import ApiError, DecodebenchClient
+from decodebench.commands.cure import summary
 from decodebench.commands.submit import wait_for_sweep
 from tests.support.api import bearer
 from tests.support.browser import check_pages, sign_in
@@ -61,9 +62,17 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
             assert refused.value.status_code == 422 and field in str(refused.value.detail)
         assert query("SELECT id FROM doctor_jobs") == []
 
+        capsys.readouterr()
+        assert main(["cure", "nothing", "--device", DEVICES[0], *user]) == 2
+        assert "package: no uploaded model 'nothing'" in capsys.readouterr().err
+        assert query("SELECT id FROM doctor_jobs") == []
+
         first = stack.start_worker("worker-1")
-        job = client.submit_doctor(request)
-        assert job.state == "queued"
+        devices = [arg for device in DEVICES for arg in ("--device", device)]
+        assert main(["cure", "massive", *devices, "--prompts", "2", "--steps", "4", *user]) == 0
+        job_id = int(capsys.readouterr().out.split()[2].rstrip(":"))
+        job = client.get_doctor(job_id)
+        assert job.state in ("queued", "running") and job.devices == DEVICES
         with pytest.raises(ApiError) as early:
             client.download_repaired(job.id, tmp_path / "early.zip")
         assert early.value.status_code == 409
@@ -102,6 +111,9 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
         assert report.repair.applied == ["norms"]
         assert report.repair.result.identical == 2 and report.repair.original.non_finite == 2
         assert done.repaired_model == "massive.repaired"
+        printed = summary(done)
+        assert "first non-finite in fp16: layer 1 · input norm · square" in printed
+        assert "repairs applied: norms" in printed and "2/2 prompts identical" in printed
 
         # A second completion of a done job is refused and changes nothing.
         late = httpx.post(
