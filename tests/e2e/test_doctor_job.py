@@ -163,3 +163,30 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
     assert page.inner_text("#repaired-model") == "massive.repaired"
     problems = check_pages(stack, page, {"doctor": f"/doctor/{job.id}", "doctor-jobs": "/doctor"})
     assert problems == {}
+
+
+def test_a_tokenizer_the_package_has_no_logits_for_fails_the_job_naming_both(
+    stack: Stack, tmp_path: Path, capsys
+) -> None:
+    """The worker's code in this process against the server process: a package with a
+    128-token vocabulary and SmolLM2's tokenizer (ids up to 49,151) is refused before decoding."""
+    from worker.config import WorkerSettings
+    from worker.doctor import run_doctor
+
+    package = massive_channel_package(tmp_path / "package", vocab_size=128)
+    user = ["--server", stack.server_url, "--token", stack.tokens["user"]]
+    assert main(["model", "upload", str(package), "--name", "small-vocab", *user]) == 0
+    with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
+        job = client.submit_doctor({"package": "small-vocab", "devices": DEVICES[:1], "prompts": 1})
+        settings = WorkerSettings(
+            server_url=stack.server_url,
+            worker_token=stack.tokens["worker"],
+            work_dir=tmp_path / "w",
+        )
+        assert run_doctor(job.id, settings).startswith("failed: ")
+        failed = client.get_doctor(job.id)
+    assert failed.state == "failed" and failed.report is None and failed.sweep_id is None
+    assert failed.error is not None
+    assert "tokenizer: smollm2-135m encodes the prompts with token ids up to" in failed.error
+    assert "the package's vocabulary has 128 tokens" in failed.error
+    assert query("SELECT id FROM models WHERE name LIKE '%.repaired'") == []

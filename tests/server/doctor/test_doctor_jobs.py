@@ -55,7 +55,7 @@ def test_bad_requests_name_the_field_and_write_nothing(
     upload_package(api, user_token, doctored)
     files = {path.name: path.read_bytes() for path in tiny_llama_folder.iterdir()}
     assert register_files(api, user_token, "ckpt", files).status_code == 201
-    cases = [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"package": "nothing"}, "package: no uploaded model 'nothing'"),
         ({"package": "ckpt"}, "package: 'ckpt' is a hf checkpoint, not a .mlpackage"),
         ({"devices": ["iphone-3g"]}, "devices"),
