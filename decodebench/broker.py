@@ -8,7 +8,8 @@ from pathlib import Path
 BUILD_TASK = "decodebench.build_variant"
 RECONCILE_TASK = "decodebench.reconcile"
 SCHEDULE_TICK_TASK = "decodebench.schedule_tick"
-BUILD_QUEUE = "builds"
+DOCTOR_TASK = "decodebench.doctor"
+BUILD_QUEUE = "builds"  # doctor jobs too: the same workers, one job at a time
 
 
 def transport_options(broker_url: str) -> dict[str, object]:

@@ -9,6 +9,7 @@ from decodebench import _quiet
 from decodebench.commands import (
     analyze,
     build,
+    cure,
     diff,
     fold,
     model,
@@ -21,7 +22,7 @@ from decodebench.commands import (
 from decodebench.commands.common import CliError
 
 # In the order `decodebench --help` lists them; each module has register(subparsers).
-COMMANDS = (build, analyze, diff, fold, repair, model, schedule, verify, submit, status)
+COMMANDS = (build, analyze, diff, fold, repair, model, schedule, verify, submit, status, cure)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,15 @@ from decodebench.contracts.api import (
     SweepOverview,
     VerdictsView,
 )
+from decodebench.contracts.doctor_jobs import (
+    DoctorAssignment,
+    DoctorFailure,
+    DoctorJobView,
+    DoctorOutcome,
+    DoctorOverview,
+    DoctorProgress,
+    DoctorStart,
+)
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.protocol import (
     AgentRegistered,
@@ -51,6 +60,7 @@ _LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])
 _LIST_OF_DEVICES = TypeAdapter(list[DeviceView])
 _LIST_OF_SCHEDULES = TypeAdapter(list[ScheduleView])
 _LIST_OF_MODELS = TypeAdapter(list[ModelView])
+_LIST_OF_DOCTOR_JOBS = TypeAdapter(list[DoctorOverview])
 # How long an idle connection is kept for the next request: longer than a typical run (httpx's
 # 5 s default made every claim and upload after a 5 s run open a new connection), shorter than
 # the server's keep-alive (30 s, server/serving.py), so it is never closed under a request.
@@ -285,6 +295,56 @@ class DecodebenchClient:
 
     def get_model(self, name: str) -> ModelView:
         return ModelView.model_validate(self._request("GET", f"/models/{name}"))
+
+    # Doctor jobs (users)
+
+    def submit_doctor(self, request: dict[str, Any]) -> DoctorJobView:
+        return DoctorJobView.model_validate(self._request("POST", "/doctor", json=request))
+
+    def get_doctor(self, job_id: int) -> DoctorJobView:
+        return DoctorJobView.model_validate(self._request("GET", f"/doctor/{job_id}"))
+
+    def list_doctor(self) -> list[DoctorOverview]:
+        return _LIST_OF_DOCTOR_JOBS.validate_python(self._request("GET", "/doctor"))
+
+    def download_repaired(self, job_id: int, destination: Path) -> Path:
+        """The repaired package's zip of a done job."""
+        partial = destination.with_name(destination.name + ".partial")
+        with self._http.stream("GET", f"{API}/doctor/{job_id}/package") as response:
+            if response.status_code >= 400:
+                response.read()
+                _answer(response)
+            with partial.open("wb") as out:
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+        partial.replace(destination)
+        return destination
+
+    # Doctor jobs (build workers)
+
+    def get_doctor_assignment(self, job_id: int) -> DoctorAssignment:
+        return DoctorAssignment.model_validate(self._request("GET", f"/doctor/{job_id}/assignment"))
+
+    def start_doctor(self, job_id: int, worker: str) -> DoctorStart:
+        data = self._request("POST", f"/doctor/{job_id}/start", json={"worker": worker})
+        return DoctorStart.model_validate(data)
+
+    def report_doctor_progress(self, job_id: int, lease: str, stage: str, fraction: float) -> None:
+        body = DoctorProgress(lease=lease, stage=stage[:200], fraction=fraction)
+        self._request("POST", f"/doctor/{job_id}/progress", json=body.model_dump(mode="json"))
+
+    def renew_doctor_lease(self, job_id: int, lease: str) -> None:
+        self._request("POST", f"/doctor/{job_id}/lease", json={"lease": lease})
+
+    def complete_doctor(self, job_id: int, outcome: DoctorOutcome) -> None:
+        self._request("POST", f"/doctor/{job_id}/complete", json=outcome.model_dump(mode="json"))
+
+    def fail_doctor(self, job_id: int, lease: str, reason: str) -> None:
+        body = DoctorFailure(lease=lease, reason=reason[:4000])
+        self._request("POST", f"/doctor/{job_id}/fail", json=body.model_dump(mode="json"))
+
+    def reconcile_doctor(self) -> list[int]:
+        return Reenqueued.model_validate(self._request("POST", "/doctor/reconcile")).reenqueued
 
     # Nightly schedules
 

@@ -12,6 +12,7 @@ from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
 from server.builds.endpoints import router as builds_router
 from server.config import get_settings
+from server.doctor.endpoints import router as doctor_router
 from server.errors import install_error_handlers
 from server.health import router as health_router
 from server.limits import install_limits
@@ -21,6 +22,7 @@ from server.schedules.endpoints import router as schedules_router
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.build_pages import router as build_pages_router
 from server.ui.docs import mount_docs
+from server.ui.doctor_pages import router as doctor_pages_router
 from server.ui.error_pages import install_page_error_handlers
 from server.ui.nightly_pages import router as nightly_pages_router
 from server.ui.pages import router as ui_router
@@ -53,6 +55,7 @@ def create_app() -> FastAPI:
         artifacts_router,
         uploads_router,
         models_router,
+        doctor_router,
         sign_in_router,
         schedules_router,
         alerts_router,
@@ -60,6 +63,7 @@ def create_app() -> FastAPI:
         sweep_pages_router,  # after ui_router: /sweeps/new before /sweeps/{sweep_id}
         build_pages_router,
         nightly_pages_router,
+        doctor_pages_router,
     ):
         app.include_router(router)
     static = Path(__file__).resolve().parent / "static"

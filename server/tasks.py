@@ -8,7 +8,7 @@ from functools import lru_cache
 from celery import Celery
 from sqlalchemy.orm import Session
 
-from decodebench.broker import BUILD_QUEUE, BUILD_TASK, transport_options
+from decodebench.broker import BUILD_QUEUE, BUILD_TASK, DOCTOR_TASK, transport_options
 from server.config import get_settings
 from server.db import run_after_commit
 
@@ -32,3 +32,14 @@ def send_build(build_id: int) -> None:
 
 def enqueue_build(session: Session, build_id: int) -> None:
     run_after_commit(session, lambda: send_build(build_id))
+
+
+def send_doctor(job_id: int) -> None:
+    try:
+        get_celery().send_task(DOCTOR_TASK, args=[job_id], queue=BUILD_QUEUE)
+    except Exception:  # the reconciler re-sends what the database says is still queued
+        log.exception("could not enqueue doctor job %s; the reconciler will retry", job_id)
+
+
+def enqueue_doctor(session: Session, job_id: int) -> None:
+    run_after_commit(session, lambda: send_doctor(job_id))

@@ -9,6 +9,8 @@ another project is simply not found: 404, never 403, and nothing about it is rev
   schedule's;
 - a build is content-addressed and shared: it is visible to a project when one of that
   project's sweeps references it, and so is its artifact (by hash);
+- a doctor job carries its project, and so does the repaired package it made (its artifact is
+  visible to that project by hash);
 - a device is shared unless an operator pinned it to a project: then only that project sees
   it, and it claims only that project's runs.
 
@@ -27,6 +29,7 @@ from server.models import (
     ApiToken,
     Build,
     Device,
+    DoctorJob,
     ProfileCalibration,
     Project,
     Run,
@@ -97,7 +100,8 @@ def artifact_visible(session: Session, sha256: str) -> bool:
         return True
     produced = exists().where(Build.artifact_sha256 == sha256, builds(session))
     uploaded = exists().where(Upload.sha256 == sha256, Upload.state == "finished", uploads(session))
-    return bool(session.scalar(select(produced | uploaded)))
+    repaired = exists().where(DoctorJob.artifact_sha256 == sha256, doctor_jobs(session))
+    return bool(session.scalar(select(produced | uploaded | repaired)))
 
 
 def uploads(session: Session) -> ColumnElement[bool]:
@@ -108,6 +112,10 @@ def models(session: Session) -> ColumnElement[bool]:
     """The models the project brought (names are unique across the server, contents are not
     shown to another project)."""
     return _owned(session, UserModel.project_id)
+
+
+def doctor_jobs(session: Session) -> ColumnElement[bool]:
+    return _owned(session, DoctorJob.project_id)
 
 
 def schedules(session: Session) -> ColumnElement[bool]:

@@ -10,6 +10,7 @@ from celery import Celery
 from decodebench.broker import (
     BUILD_QUEUE,
     BUILD_TASK,
+    DOCTOR_TASK,
     RECONCILE_TASK,
     SCHEDULE_TICK_TASK,
     transport_options,
@@ -57,12 +58,28 @@ def build_variant_task(build_id: int) -> str:
     return outcome
 
 
+@app.task(name=DOCTOR_TASK, soft_time_limit=4 * 3600, time_limit=4 * 3600 + 100, max_retries=5)
+def doctor_task(job_id: int) -> str:
+    from worker.doctor import run_doctor
+
+    try:
+        outcome = run_doctor(job_id, settings)
+    except httpx.TransportError as error:  # server unreachable: try again later
+        raise doctor_task.retry(exc=error, countdown=10) from error
+    log.info("doctor job %s: %s", job_id, outcome)
+    return outcome
+
+
 @app.task(name=RECONCILE_TASK, soft_time_limit=60)
 def reconcile_task() -> list[int]:
+    """Builds and doctor jobs whose worker was lost (or whose message was) are queued again."""
     with DecodebenchClient(settings.server_url, settings.token) as client:
         reenqueued = client.reconcile_builds()
+        doctor = client.reconcile_doctor()
     if reenqueued:
         log.info("re-enqueued builds %s", reenqueued)
+    if doctor:
+        log.info("re-enqueued doctor jobs %s", doctor)
     return reenqueued
 
 

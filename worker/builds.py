@@ -121,6 +121,8 @@ class LeaseRenewal:
     worker cut off from the server keeps building, and learns on its next report whether the
     build is still its own."""
 
+    what = "build"  # what the lease holds, for the log
+
     def __init__(self, settings: WorkerSettings, build_id: int, lease: str, seconds: float) -> None:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
@@ -152,18 +154,26 @@ class LeaseRenewal:
                     continue
                 try:
                     if latest is not None:
-                        client.report_build_progress(build_id, lease, *latest)
+                        self._report(client, build_id, lease, *latest)
                     else:
-                        client.renew_build_lease(build_id, lease)
+                        self._renewal(client, build_id, lease)
                     last_renewal = time.monotonic()
                 except ApiError as error:
                     if error.status_code == 409:  # taken over or abandoned: stop
-                        log.warning("build %s: lease refused: %s", build_id, error)
+                        log.warning("%s %s: lease refused: %s", self.what, build_id, error)
                         self.lost = error
                         return
-                    log.warning("build %s: lease renewal failed: %s", build_id, error)
+                    log.warning("%s %s: lease renewal failed: %s", self.what, build_id, error)
                 except httpx.TransportError as error:  # the server is away: try again
-                    log.warning("build %s: lease renewal failed: %s", build_id, error)
+                    log.warning("%s %s: lease renewal failed: %s", self.what, build_id, error)
+
+    def _report(
+        self, client: DecodebenchClient, build_id: int, lease: str, stage: str, fraction: float
+    ) -> None:
+        client.report_build_progress(build_id, lease, stage, fraction)
+
+    def _renewal(self, client: DecodebenchClient, build_id: int, lease: str) -> None:
+        client.renew_build_lease(build_id, lease)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -22,7 +22,6 @@ from pathlib import Path
 from decodebench.building.build import ProgressCallback, build
 from decodebench.building.cache import REPORT_NAME, BuildCache
 from decodebench.building.sources import (
-    PresetSource,
     Source,
     SourceError,
     UploadedCheckpoint,
@@ -78,9 +77,7 @@ def assignment_source(client: DecodebenchClient, assignment: BuildAssignment, ro
         if view.kind not in CHECKPOINT_KINDS:
             raise SourceError(f"model {view.name} is a {view.kind.value}, not a checkpoint")
         model = CHECKPOINT_KINDS[view.kind](assignment.model, view, client, root)
-    elif assignment.variant.package is not None:  # a package of a preset: its config only
-        model = PresetSource(assignment.model)
-    else:
+    else:  # a preset, or a registry model (whose tokenizer a package's references need)
         model = local_source(assignment.model)
     if assignment.variant.package is None:
         return model

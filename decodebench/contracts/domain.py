@@ -60,6 +60,7 @@ _LATER_AXES_DEFAULTS: dict[str, object] = {
     "package": None,
     "fold": False,
     "kv_window": False,
+    "allow_non_finite": False,
 }
 # What a package built elsewhere already decides: a variant naming one leaves these out.
 _PACKAGE_DECIDES = ("attention", "kv", "kv_window", "quant", "layers", "prefill_chunk")
@@ -107,6 +108,11 @@ class VariantSpec(Incoming):
         default=False,
         description="With package: fold its GQA KV replication (decodebench fold) and verify",
     )
+    allow_non_finite: StrictBool = Field(
+        default=False,
+        description="With package: publish it even when its decode makes a non-finite value "
+        "(an fp16 overflow), to measure its speed: its tokens are not to be trusted",
+    )
 
     @field_validator("package")
     @classmethod
@@ -120,6 +126,8 @@ class VariantSpec(Incoming):
         if self.package is None:
             if self.fold:
                 raise ValueError("fold applies to a package; for a build use attention=folded")
+            if self.allow_non_finite:
+                raise ValueError("allow_non_finite applies to a package; a build is checked")
             return self
         # Left at their defaults (so a stored spec validates again): the package decides.
         fields = type(self).model_fields

@@ -4,6 +4,7 @@ only by Alembic migrations."""
 from decodebench.contracts.names import TERMINAL_RUN_STATES, BuildState, RunState, SweepState
 from server.models.access import DEFAULT_PROJECT, ApiToken, Project, SignInFailure, UiSession
 from server.models.base import DEFAULT_SCOPES, Base, Scope, TokenKind
+from server.models.doctor import DoctorJob
 from server.models.fleet import Agent, Device, ProfileCalibration
 from server.models.schedules import (
     Alert,
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_PROJECT",
     "DEFAULT_SCOPES",
     "Device",
+    "DoctorJob",
     "DeviceSpread",
     "ProfileCalibration",
     "Project",

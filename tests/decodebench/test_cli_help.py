@@ -26,6 +26,7 @@ DESCRIPTIONS = {
     "submit": "run a sweep",
     "status": "a sweep's comparison table, and what the model answered",
     "schedule": "nightly sweeps on a server",
+    "cure": "a doctor job on a server for an uploaded package",
 }
 
 

@@ -173,18 +173,21 @@ def _convert_io(model: Any, context: int) -> Any:
     )
 
 
-def tiny_llama_with_massive_channel(peak: float = 400.0, layers: int = 3) -> Any:
+def tiny_llama_with_massive_channel(
+    peak: float = 400.0, layers: int = 3, vocab_size: int = 128
+) -> Any:
     """A small random Llama (transformers) whose layer 1 writes one massive residual channel.
 
     Layer 0's MLP down-projection writes about ``peak`` into residual channel 9, so from layer 1's input norm on, x[9] is hundreds and x² passes 65,504 in fp16:
     the shape of SmolLM2's massive activations, in a model that converts in seconds.
+    ``vocab_size`` 49,152 takes SmolLM2's token ids (its tokenizer's chat prompts).
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(3)
     config = LlamaConfig(
-        vocab_size=128,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,

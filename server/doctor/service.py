@@ -1,0 +1,329 @@
+"""Doctor jobs: submitted by a user, run by a build worker under a lease, completed by
+registering the repaired package as a model and submitting the A/B sweep of the two."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, undefer
+
+from decodebench.contracts.doctor_jobs import (
+    DEFAULT_TOKENIZER,
+    REPAIRED_SUFFIX,
+    DoctorOutcome,
+    DoctorProgress,
+    DoctorRequest,
+    DoctorState,
+)
+from decodebench.contracts.domain import SweepSpec, VariantSpec
+from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind
+from decodebench.modelfiles import ModelFileError, check_package_zip, content_sha256
+from server import tenancy
+from server.artifacts.store import ArtifactStore
+from server.config import Settings
+from server.errors import Conflict, InvalidInput, NotFound
+from server.models import DoctorJob, UserModel
+from server.sweeps.service import submit_sweep
+from server.tasks import enqueue_doctor
+from server.transitions import move, record_created
+
+ENTITY = "doctor"
+ORIGINAL, REPAIRED = "original", "repaired"
+# A tokenizer a folder must hold one of to encode the chat prompts.
+TOKENIZER_MODELS = frozenset({"tokenizer.json", "tokenizer.model", "vocab.json"})
+
+
+def get_job(
+    session: Session, job_id: int, *, lock: bool = False, report: bool = False
+) -> DoctorJob:
+    statement = select(DoctorJob).where(DoctorJob.id == job_id, tenancy.doctor_jobs(session))
+    if report:
+        statement = statement.options(undefer(DoctorJob.report))
+    if lock:
+        statement = statement.with_for_update()
+    job = session.scalar(statement)
+    if job is None:
+        raise NotFound(f"no doctor job {job_id}")
+    return job
+
+
+def list_jobs(session: Session, limit: int = 100) -> list[DoctorJob]:
+    return list(
+        session.scalars(
+            select(DoctorJob)
+            .where(tenancy.doctor_jobs(session))
+            .order_by(DoctorJob.id.desc())
+            .limit(limit)
+        )
+    )
+
+
+def _visible_model(session: Session, name: str) -> UserModel | None:
+    return session.scalar(select(UserModel).where(UserModel.name == name, tenancy.models(session)))
+
+
+def check_request(session: Session, request: DoctorRequest) -> UserModel:
+    """The package the request names; 422 naming the field for an unknown or unfit model."""
+    package = _visible_model(session, request.package)
+    if package is None:
+        raise InvalidInput(
+            f"package: no uploaded model {request.package!r} (POST /api/v1/models first)"
+        )
+    if package.kind != ModelKind.mlpackage:
+        raise InvalidInput(
+            f"package: {request.package!r} is a {package.kind} checkpoint, not a .mlpackage"
+        )
+    if request.tokenizer != DEFAULT_TOKENIZER:
+        name = request.tokenizer.removeprefix(UPLOAD_PREFIX)
+        checkpoint = _visible_model(session, name)
+        if checkpoint is None:
+            raise InvalidInput(f"tokenizer: no uploaded model {name!r}")
+        if checkpoint.kind != ModelKind.hf:
+            raise InvalidInput(
+                f"tokenizer: {name!r} is a {checkpoint.kind}; a tokenizer comes from a "
+                "Hugging Face checkpoint"
+            )
+        paths = {entry["path"] for entry in checkpoint.files}
+        if not paths & TOKENIZER_MODELS:
+            raise InvalidInput(
+                f"tokenizer: {name!r} holds no tokenizer files "
+                f"({', '.join(sorted(TOKENIZER_MODELS))})"
+            )
+    return package
+
+
+def submit_job(session: Session, request: DoctorRequest, by: str) -> DoctorJob:
+    package = check_request(session, request)  # 422 before anything is written
+    job = DoctorJob(
+        project_id=tenancy.owner(session),
+        submitted_by=by,
+        package=package.name,
+        package_sha256=package.content_sha256,
+        tokenizer=request.tokenizer,
+        prompts=request.prompts,
+        steps=request.steps,
+        devices=list(request.devices),
+        state=DoctorState.queued,
+        progress=0.0,
+        attempts=0,
+    )
+    session.add(job)
+    session.flush()
+    record_created(session, ENTITY, job.id, DoctorState.queued, f"submitted by {by}")
+    enqueue_doctor(session, job.id)
+    return job
+
+
+# The worker's side: a lease like a build's (server/builds/service.py).
+
+
+def start_job(
+    session: Session, job_id: int, worker: str, lease_seconds: float
+) -> tuple[bool, DoctorJob]:
+    job = get_job(session, job_id, lock=True)
+    now = datetime.now(UTC)
+    if job.state in (DoctorState.done, DoctorState.failed):
+        return False, job
+    if job.state == DoctorState.running and not _expired(job, now):
+        return False, job  # a duplicate delivery while another worker holds the lease
+    reason = f"started by {worker}"
+    if job.state == DoctorState.running:
+        reason = f"taken over by {worker}: {job.worker}'s lease ran out"
+    job.attempts += 1
+    job.worker = worker
+    job.started_at = job.updated_at = now
+    job.stage = "starting"
+    job.progress = 0.0
+    job.error = None
+    job.lease_token = secrets.token_hex(16)
+    job.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    move(session, ENTITY, job, DoctorState.running, reason)
+    return True, job
+
+
+def _expired(job: DoctorJob, now: datetime) -> bool:
+    return job.lease_expires_at is None or job.lease_expires_at <= now
+
+
+def held_job(session: Session, job_id: int, lease: str) -> DoctorJob:
+    job = get_job(session, job_id, lock=True)
+    if job.state != DoctorState.running or job.lease_token != lease:
+        raise Conflict(
+            f"doctor job {job_id} is not held under this lease (it is {job.state}"
+            + (f", held by {job.worker})" if job.state == DoctorState.running else ")")
+        )
+    return job
+
+
+def renew_lease(session: Session, job_id: int, lease: str, lease_seconds: float) -> DoctorJob:
+    job = held_job(session, job_id, lease)
+    job.updated_at = datetime.now(UTC)
+    job.lease_expires_at = job.updated_at + timedelta(seconds=lease_seconds)
+    return job
+
+
+def record_progress(
+    session: Session, job_id: int, progress: DoctorProgress, lease_seconds: float
+) -> None:
+    job = renew_lease(session, job_id, progress.lease, lease_seconds)
+    job.stage = progress.stage
+    job.progress = progress.fraction
+
+
+def repaired_model_name_of(session: Session, job: DoctorJob) -> str:
+    model = session.get(UserModel, job.repaired_model_id) if job.repaired_model_id else None
+    return model.name if model is not None else f"{job.package}{REPAIRED_SUFFIX}"
+
+
+def repaired_name(session: Session, job: DoctorJob, content: str) -> str:
+    """``<package>.repaired``, or, when that name is taken by other files (or too long), a name
+    with the job's id."""
+    preferred = f"{job.package}{REPAIRED_SUFFIX}"
+    if len(preferred) <= 48:
+        existing = session.scalar(select(UserModel).where(UserModel.name == preferred))
+        if existing is None or (
+            existing.content_sha256 == content and existing.project_id == job.project_id
+        ):
+            return preferred
+    return f"doctor-{job.id}{REPAIRED_SUFFIX}"
+
+
+def complete_job(
+    session: Session,
+    job_id: int,
+    outcome: DoctorOutcome,
+    store: ArtifactStore,
+    settings: Settings,
+) -> DoctorJob:
+    """The worker's report: stored, the repaired package registered as a model and the A/B
+    sweep submitted, in one transaction. A second completion (its answer lost, or from a worker
+    whose lease ran out) is 409 and changes nothing."""
+    job = held_job(session, job_id, outcome.lease)
+    if not store.exists(outcome.artifact_sha256):
+        raise InvalidInput(f"artifact {outcome.artifact_sha256} has not been uploaded")
+    model = _register_repaired(session, job, outcome.artifact_sha256, store, settings)
+    spec = SweepSpec(
+        model=job.tokenizer,
+        variants=[
+            VariantSpec(
+                name=ORIGINAL, package=job.package, context=outcome.context, allow_non_finite=True
+            ),
+            VariantSpec(name=REPAIRED, package=model.name, context=outcome.context),
+        ],
+        devices=list(job.devices),
+        prompts=job.prompts,
+        decode_tokens=min(job.steps, outcome.context - 1),
+        baseline=ORIGINAL,
+    )
+    try:
+        sweep = submit_sweep(
+            session, spec, job.submitted_by, settings.toolchain, project_id=job.project_id
+        )
+    except InvalidInput as error:
+        raise InvalidInput(f"the A/B sweep: {error.message}") from None
+    now = datetime.now(UTC)
+    job.report = outcome.report.model_dump(mode="json")
+    job.artifact_sha256 = outcome.artifact_sha256
+    job.repaired_model_id = model.id
+    job.sweep_id = sweep.id
+    job.lease_token = None
+    job.lease_expires_at = None
+    job.stage = "done"
+    job.progress = 1.0
+    job.finished_at = job.updated_at = now
+    applied = outcome.report.repair.applied
+    move(
+        session,
+        ENTITY,
+        job,
+        DoctorState.done,
+        f"repaired ({', '.join(applied) or 'nothing applied'}) as {model.name}; A/B sweep {sweep.id}",
+    )
+    return job
+
+
+def _register_repaired(
+    session: Session, job: DoctorJob, sha256: str, store: ArtifactStore, settings: Settings
+) -> UserModel:
+    file_name = f"{job.package}{REPAIRED_SUFFIX}.mlpackage.zip"[-128:]
+    content = content_sha256([(file_name, sha256)])
+    name = repaired_name(session, job, content)
+    existing = session.scalar(select(UserModel).where(UserModel.name == name))
+    if existing is not None:
+        return existing
+    path = store.path_for(sha256)
+    try:
+        summary = check_package_zip(path, file_name, settings.max_model_bytes)
+    except ModelFileError as error:
+        raise InvalidInput(f"artifact_sha256: {error}") from None
+    size = path.stat().st_size
+    model = UserModel(
+        name=name,
+        kind=ModelKind.mlpackage.value,
+        architecture=None,
+        content_sha256=content,
+        total_bytes=size,
+        files=[{"path": file_name, "sha256": sha256, "bytes": size}],
+        summary={**summary, "repaired_from": job.package, "doctor_job": job.id},
+        created_by=job.submitted_by,
+        project_id=job.project_id,
+    )
+    session.add(model)
+    session.flush()
+    return model
+
+
+def fail_job(session: Session, job_id: int, lease: str, reason: str) -> DoctorJob:
+    return _fail(session, held_job(session, job_id, lease), reason)
+
+
+def _fail(session: Session, job: DoctorJob, reason: str) -> DoctorJob:
+    job.error = reason
+    job.finished_at = job.updated_at = datetime.now(UTC)
+    job.lease_token = None
+    job.lease_expires_at = None
+    move(session, ENTITY, job, DoctorState.failed, reason)
+    return job
+
+
+def expire_leases(session: Session, max_attempts: int) -> list[int]:
+    """Jobs whose worker stopped renewing (killed, partitioned): queued again, or failed after
+    their last attempt. Returns the ids queued again."""
+    now = datetime.now(UTC)
+    expired = session.scalars(
+        select(DoctorJob)
+        .where(DoctorJob.state == DoctorState.running, DoctorJob.lease_expires_at < now)
+        .with_for_update(skip_locked=True)
+    ).all()
+    requeued = []
+    for job in expired:
+        silent = f"{job.worker} stopped renewing its lease"
+        if job.attempts >= max_attempts:
+            _fail(session, job, f"{silent}; gave up after {job.attempts} attempts")
+            continue
+        job.lease_token = None
+        job.lease_expires_at = None
+        job.stage = None
+        job.progress = 0.0
+        job.updated_at = now
+        move(session, ENTITY, job, DoctorState.queued, f"{silent}; queued again")
+        requeued.append(job.id)
+    return requeued
+
+
+def jobs_to_reenqueue(session: Session, older_than_seconds: float) -> list[int]:
+    """Queued jobs no worker has started lately: their message may have been lost."""
+    now = datetime.now(UTC)
+    stale = list(
+        session.scalars(
+            select(DoctorJob.id).where(
+                DoctorJob.state == DoctorState.queued,
+                DoctorJob.updated_at < now - timedelta(seconds=older_than_seconds),
+            )
+        )
+    )
+    if stale:
+        session.execute(update(DoctorJob).where(DoctorJob.id.in_(stale)).values(updated_at=now))
+    return stale

@@ -1,0 +1,65 @@
+"""The package of the doctor job's tests: a small Llama converted as Apple's recipe converts it
+(fp16, KV cache as state), whose residual stream carries a massive channel, so its norms
+overflow in fp16. Its vocabulary is SmolLM2's, so the job's default tokenizer encodes the chat
+prompts for it."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+from pathlib import Path
+
+from decodebench.artifacts import pack_directory
+from tests.support.api import bearer
+
+SMOLLM2_VOCAB = 49152
+CONTEXT = 128
+
+
+def massive_channel_package(root: Path, vocab_size: int = SMOLLM2_VOCAB) -> Path:
+    """Converted once into ``root`` (seconds); the package's path."""
+    from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+
+    package = root / f"massive-v{vocab_size}.mlpackage"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{package.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (package / "Manifest.json").is_file():
+            model = tiny_llama_with_massive_channel(vocab_size=vocab_size)
+            convert_model(model, package, layout="state", context=CONTEXT)
+    return package
+
+
+def zipped(package: Path, into: Path) -> Path:
+    """The package as a user uploads it: a zip holding ``<name>.mlpackage/``."""
+    folder = into / "zip-root"
+    if not (folder / package.name).is_dir():
+        shutil.copytree(package, folder / package.name)
+    return pack_directory(folder, into / f"{package.name}.zip")
+
+
+def upload_file(api, token: str, name: str, data: bytes) -> str:
+    """One file through the uploads API (a single chunk); its sha256."""
+    headers = bearer(token)
+    created = api.post(
+        "/api/v1/uploads", json={"filename": name, "size": len(data)}, headers=headers
+    )
+    assert created.status_code == 201, created.text
+    upload = created.json()["id"]
+    put = api.put(f"/api/v1/uploads/{upload}", params={"offset": 0}, content=data, headers=headers)
+    assert put.status_code == 200, put.text
+    sha256 = hashlib.sha256(data).hexdigest()
+    finished = api.post(
+        f"/api/v1/uploads/{upload}/finish", json={"sha256": sha256}, headers=headers
+    )
+    assert finished.status_code == 200, finished.text
+    return sha256
+
+
+def register_files(api, token: str, name: str, files: dict[str, bytes]):
+    refs = [
+        {"path": path, "sha256": upload_file(api, token, path, data)}
+        for path, data in files.items()
+    ]
+    return api.post("/api/v1/models", json={"name": name, "files": refs}, headers=bearer(token))
