@@ -10,6 +10,7 @@ from decodebench.commands import (
     analyze,
     build,
     diff,
+    doctor,
     fold,
     model,
     repair,
@@ -21,7 +22,7 @@ from decodebench.commands import (
 from decodebench.commands.common import CliError
 
 # In the order `decodebench --help` lists them; each module has register(subparsers).
-COMMANDS = (build, analyze, diff, fold, repair, model, schedule, verify, submit, status)
+COMMANDS = (build, analyze, diff, fold, repair, doctor, model, schedule, verify, submit, status)
 
 
 def build_parser() -> argparse.ArgumentParser:

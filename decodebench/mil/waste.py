@@ -59,9 +59,12 @@ def _is_computed(var: Any) -> bool:
     )
 
 
-def find_waste(path: Path | str, analysis: GraphAnalysis | None = None) -> list[Waste]:
+def find_waste(
+    path: Path | str, analysis: GraphAnalysis | None = None, program: Any | None = None
+) -> list[Waste]:
+    """The wastes of the package at ``path`` (``program``: it, already loaded, not rewritten)."""
     analysis = analysis or analyze_mlpackage(path)
-    program = load_package(path).program
+    program = program if program is not None else load_package(path).program
     function = program.functions.get(analysis.decode_function or "main") or next(
         iter(program.functions.values())
     )
