@@ -122,14 +122,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from decodebench.mil.doctor import doctor
     from decodebench.mil.program import MilError, quiet_coremltools
 
+    source = ""
+    said: list[str] = []
+
     def progress(message: str) -> None:
+        if not said:  # the inputs are valid once the doctor speaks
+            said.append(source)
+            print(
+                f"doctor: {args.prompts} {source}; {args.steps} greedy steps each", file=sys.stderr
+            )
         print(f"doctor: {message}", file=sys.stderr, flush=True)
 
     try:
         package, out = _check_paths(args)
         with quiet_coremltools():
             prompts, source, checkpoint = _prompts(args)
-            progress(f"{len(prompts)} {source}; {args.steps} greedy steps each")
             report = doctor(package, out, prompts, args.steps, progress, weights=checkpoint)
     except (MilError, ValueError, OSError) as error:
         print(f"decodebench doctor: error: {error}", file=sys.stderr)

@@ -49,10 +49,16 @@ class TransformersSession:
 
         if position != self.length:
             raise MilError(f"{self.label}: step at position {position} after {self.length}")
-        with torch.no_grad():
-            output = self.model(
-                torch.tensor([[int(token)]]), use_cache=True, **{self.cache_name: self.cache}
-            )
+        threads = torch.get_num_threads()
+        # One thread, as the interpreter's steps: torch's pool spins while they run.
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                output = self.model(
+                    torch.tensor([[int(token)]]), use_cache=True, **{self.cache_name: self.cache}
+                )
+        finally:
+            torch.set_num_threads(threads)
         self.cache = output[self.cache_name]
         self.length += 1
         return np.asarray(output.logits[0, -1].float().numpy(), dtype=np.float32)

@@ -219,12 +219,6 @@ class Cure:
                 f"a prompt of {longest} tokens and {steps} steps need {longest + steps} "
                 f"positions; the package's context is {interface.context}"
             )
-        ids = [token for prompt in self.prompts for token in prompt]
-        if min(ids) < 0 or max(ids) >= interface.vocab:
-            raise MilError(
-                f"the prompts hold token ids {min(ids)}..{max(ids)}; the package's vocabulary "
-                f"is 0..{interface.vocab - 1} (a tokenizer of another model?)"
-            )
         function = original.program.functions[interpreter.function_name]
         self.places: dict[str, Place] = describe(function)
         self.checkpoint: TransformersSession | None = None
@@ -232,6 +226,12 @@ class Cure:
         if weights is not None:
             layers, hidden = dimensions(function, self.places)
             self.checkpoint = load_checkpoint(weights, interface.vocab, layers, hidden)
+        ids = [token for prompt in self.prompts for token in prompt]
+        if min(ids) < 0 or max(ids) >= interface.vocab:
+            raise MilError(
+                f"the prompts hold token ids {min(ids)}..{max(ids)}; the package's vocabulary "
+                f"is 0..{interface.vocab - 1} (a tokenizer of another model?)"
+            )
 
         self.norms = repair_norms(norms.program)
         self.rewritten = [norm for norm in self.norms if norm.status == "rewritten"]
