@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+OVERFLOWS_SHOWN = 12  # in the text; --json lists every one
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -159,7 +161,7 @@ def render(report: Any, prompts: str = "") -> str:
         + (f" ({prompts})" if prompts else "")
         + f", {report.seconds:.0f} s",
         "",
-        *render_headroom(report.headroom),
+        *render_headroom(report.headroom, overflows_shown=OVERFLOWS_SHOWN),
         "",
         *render_waste(report.waste, report.analysis),
         "",

@@ -181,7 +181,8 @@ def overflowing_layers(report: HeadroomReport) -> str:
     return " and ".join(parts) if parts else "none"
 
 
-def render(report: HeadroomReport) -> list[str]:
+def render(report: HeadroomReport, overflows_shown: int | None = None) -> list[str]:
+    """The report as lines; ``overflows_shown``: at most that many overflowing ops listed."""
     lines = [
         f"fp16 headroom of {report.package}: {report.prompts} prompts x {report.steps} steps, "
         f"its own fp32 run"
@@ -201,8 +202,11 @@ def render(report: HeadroomReport) -> list[str]:
     )
     if overflows:
         lines.append(f"  overflowing: {overflowing_layers(report)}")
-    for hazard in overflows:  # in program order
+    listed = overflows if overflows_shown is None else overflows[:overflows_shown]
+    for hazard in listed:  # in program order
         lines.append(f"  [OVERFLOW] {hazard.describe()}")
+    if len(listed) < len(overflows):
+        lines.append(f"  ... and {len(overflows) - len(listed)} more overflowing ops")
     for hazard in sorted(close, key=lambda item: -item.peak)[:CLOSE_SHOWN]:
         lines.append(f"  [close]    {hazard.describe()}")
     if len(close) > CLOSE_SHOWN:
