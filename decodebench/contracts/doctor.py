@@ -18,7 +18,6 @@ JSON.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import ConfigDict
@@ -185,7 +184,7 @@ class Agreement(Report):
         divergent = {p.index: p.first_divergent_step for p in self.prompts if not p.identical}
         error = self.max_abs_logit_diff
         text = f"{self.identical}/{len(self.prompts)} prompts identical ({self.share:.0%}), " + (
-            f"max |logit diff| {error:.4g}" if math.isfinite(error) else "no finite logits"
+            f"max |logit diff| {error:.4g}" if error != float("inf") else "no finite logits"
         )
         if self.non_finite:
             text += f", {self.non_finite} non-finite"
