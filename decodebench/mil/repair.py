@@ -114,10 +114,13 @@ def prove(
     """Decode every prompt with ``reference`` and compare each candidate, teacher-forced.
 
     ``pairs`` are more comparisons, ``(expected, actual)`` among :data:`REFERENCE` and the
-    candidates' names, on the same teacher-forced context (the first divergent step is exact;
-    past a divergence of the reference from ``expected`` the context is the reference's).
-    ``after_prompt(index)`` is called when a prompt is done.
+    candidates' names, on the same teacher-forced context: a first divergent step up to the one
+    where the reference's own tokens leave ``expected``'s is the free-running one; past it the
+    context is the reference's, not ``expected``'s. ``after_prompt(index)`` is called when a
+    prompt is done.
     """
+    if REFERENCE in candidates:
+        raise ValueError(f"a candidate cannot be named {REFERENCE!r}: that is the teacher")
     comparisons = [(REFERENCE, name) for name in candidates] + list(pairs)
     rows: dict[tuple[str, str], list[PromptAgreement]] = {key: [] for key in comparisons}
     errors: dict[str, dict[int, NonFiniteError]] = {name: {} for name in candidates}
