@@ -44,6 +44,11 @@ def main() -> int:
     parser.add_argument("--package", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--per-step",
+        action="store_true",
+        help="also CPU ms per decode step of each decoder the pass runs (and transformers fp32)",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="doctor-passes-"))
@@ -103,7 +108,59 @@ def main() -> int:
     print(f"  first overflow   {first.label if first else 'none'}")
     print(f"  result           {report.repair.result.summary()}")
     print(f"  load average     {load_before:.2f} -> {load_after:.2f} (1 min)")
+    if args.per_step:
+        with quiet_coremltools():
+            per_step(package, weights if args.package == "smollm2" else None)
     return 0 if all(same.values()) else 1
+
+
+def per_step(package: Path, weights: Path | None, steps: int = 8) -> None:
+    """CPU ms per decode step: what one position of the pass costs, decoder by decoder."""
+    import torch
+
+    from decodebench.mil.cache_io import decode_session
+    from decodebench.mil.checkpoint import load_checkpoint
+    from decodebench.mil.headroom import PeakRecorder
+    from decodebench.mil.interpreter import Interpreter
+    from decodebench.mil.norm_repair import repair_norms
+    from decodebench.mil.program import load_package
+    from decodebench.mil.widen import widen_program
+
+    def timed(label: str, session: object) -> None:
+        session.reset()  # type: ignore[attr-defined]
+        session.step(1, 0)  # type: ignore[attr-defined]  # the first step compiles
+        cpu = time.process_time()
+        for position in range(1, steps + 1):
+            session.step(position + 3, position)  # type: ignore[attr-defined]
+        print(f"  {label:34} {(time.process_time() - cpu) / steps * 1000:6.0f} ms CPU per step")
+
+    print(f"per decode step ({steps} steps each, load average {os.getloadavg()[0]:.2f}):")
+    wide = load_package(package).program
+    widen_program(wide)
+    timed("fp32, compiled (repair's reference)", decode_session(Interpreter(wide)))
+    wide = load_package(package).program
+    widen_program(wide)
+    timed("fp32, recording peaks (the doctor's)", decode_session(PeakRecorder(wide)))
+    repaired = load_package(package).program
+    repair_norms(repaired)
+    timed("fp16, norms repaired", decode_session(Interpreter(repaired)))
+    if weights is not None:
+        session = load_checkpoint(weights, decode_session(Interpreter(repaired)).interface.vocab,
+                                  None, None)  # fmt: skip
+        timed("transformers fp32, one thread", session)
+        # The same steps on torch's own pool (two threads here), beside nothing else of ours.
+        torch.set_num_threads(2)
+        cache, cpu = None, time.process_time()
+        with torch.no_grad():
+            for position in range(steps):
+                output = session.model(
+                    torch.tensor([[position + 3]]), use_cache=True, **{session.cache_name: cache}
+                )
+                cache = output[session.cache_name]
+        print(
+            f"  {'transformers fp32, two threads':34} "
+            f"{(time.process_time() - cpu) / steps * 1000:6.0f} ms CPU per step"
+        )
 
 
 if __name__ == "__main__":
