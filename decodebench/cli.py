@@ -11,6 +11,7 @@ from decodebench.commands import (
     build,
     cure,
     diff,
+    doctor,
     fold,
     model,
     repair,
@@ -22,7 +23,20 @@ from decodebench.commands import (
 from decodebench.commands.common import CliError
 
 # In the order `decodebench --help` lists them; each module has register(subparsers).
-COMMANDS = (build, analyze, diff, fold, repair, model, schedule, verify, submit, status, cure)
+COMMANDS = (
+    build,
+    analyze,
+    diff,
+    fold,
+    repair,
+    doctor,
+    model,
+    schedule,
+    verify,
+    submit,
+    status,
+    cure,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

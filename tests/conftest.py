@@ -238,3 +238,14 @@ def massive_llama_io_package(tmp_path_factory: pytest.TempPathFactory):
     target = tmp_path_factory.mktemp("massive-llama-io") / "model.mlpackage"
     convert_model(tiny_llama_with_massive_channel(), target, "io", 64)
     return target
+
+
+@pytest.fixture(scope="session")
+def massive_llama_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """The transformers model the massive-llama packages are converted from, written by
+    save_pretrained (config and safetensors, no tokenizer): their checkpoint."""
+    from tests.support.recipe import tiny_llama_with_massive_channel
+
+    folder = tmp_path_factory.mktemp("massive-llama-checkpoint")
+    tiny_llama_with_massive_channel().save_pretrained(folder)
+    return folder

@@ -4,10 +4,10 @@ Applies every safe repair (the overflow-safe rewrite of fp16 normalisations, the
 proves each against the package's own fp32 run on the chat prompts (each prompt, then
 ``--steps`` greedy tokens) and keeps a repair only if it improves agreement (the fold: if it does
 not make it worse). Prints what changed, the share of prompts with identical tokens, the first
-divergent step and the logit error, per candidate. With ``--diagnose`` it first prints the fp16
+divergent step and the logit error, per candidate. With ``--diagnose`` it also prints the fp16
 headroom by layer and role, the first op that overflows, and the avoidable bytes per token
 (replicated K/V, copies, KV cache as I/O, fp32 islands, full-context masks, a dominant lm_head)
-with their fixes and the predicted tok/s after each.
+with their fixes and the predicted tok/s after each, from the same decoding pass.
 
 Prompts need a tokenizer: ``--weights DIR`` (a Hugging Face folder), or ``--model smollm2-135m``
 (fetched once). Exit status 0 when OUT was written, 2 on error.
@@ -63,10 +63,9 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     from decodebench.analysis.analyze import analyze_mlpackage
-    from decodebench.mil.headroom import measure_headroom
     from decodebench.mil.headroom import render as render_headroom
     from decodebench.mil.program import MilError, quiet_coremltools
-    from decodebench.mil.repair import render, repair_mlpackage
+    from decodebench.mil.repair import Cure, render
     from decodebench.mil.waste import find_waste
     from decodebench.mil.waste import render as render_waste
 
@@ -75,16 +74,17 @@ def cmd_repair(args: argparse.Namespace) -> int:
             raise MilError(f"{args.source} is not an .mlpackage (no Manifest.json)")
         with quiet_coremltools():
             prompts = _prompts(args)
-            headroom = None
             waste: list[Any] = []
+            # With --diagnose the proof's fp32 run records the headroom: still one pass.
+            cure = Cure(args.source, args.target, prompts, args.steps, record_peaks=args.diagnose)
             if args.diagnose:
                 analysis = analyze_mlpackage(args.source)
-                waste = find_waste(args.source, analysis)
-                headroom = measure_headroom(args.source, prompts, args.steps)
-                if not args.json:
-                    print("\n".join(render_headroom(headroom)), flush=True)
-                    print("\n".join(render_waste(waste, analysis)), flush=True)
-            report = repair_mlpackage(args.source, args.target, prompts, args.steps)
+                waste = find_waste(args.source, analysis, program=cure.original.program)
+            cured = cure.run()
+            headroom, report = cured.headroom, cured.repair
+            if headroom is not None and not args.json:
+                print("\n".join(render_headroom(headroom)), flush=True)
+                print("\n".join(render_waste(waste, analysis)), flush=True)
     except (MilError, ValueError, OSError) as error:
         print(f"decodebench repair: error: {error}", file=sys.stderr)
         if args.json:

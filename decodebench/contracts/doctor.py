@@ -18,7 +18,6 @@ JSON.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import ConfigDict
@@ -141,6 +140,14 @@ class PromptAgreement(Report):
     first_divergent_step: int | None
     max_abs_logit_diff: float
     non_finite: str | None = None
+    # At the first divergent step: the reference's top-1 minus top-2 logit. Below the
+    # candidate's logit error, the flip is rounding at a near tie, not a fault.
+    reference_margin: float | None = None
+
+    @property
+    def near_tie(self) -> bool:
+        """Diverged where the reference's two best tokens are closer than the logit error."""
+        return self.reference_margin is not None and self.reference_margin < self.max_abs_logit_diff
 
 
 class Agreement(Report):
@@ -177,13 +184,38 @@ class Agreement(Report):
         divergent = {p.index: p.first_divergent_step for p in self.prompts if not p.identical}
         error = self.max_abs_logit_diff
         text = f"{self.identical}/{len(self.prompts)} prompts identical ({self.share:.0%}), " + (
-            f"max |logit diff| {error:.4g}" if math.isfinite(error) else "no finite logits"
+            f"max |logit diff| {error:.4g}" if error != float("inf") else "no finite logits"
         )
         if self.non_finite:
             text += f", {self.non_finite} non-finite"
         if divergent:
             text += f", first divergent step by prompt {divergent}"
         return text
+
+    def divergences(self) -> list[str]:
+        """One line per prompt that is not identical: where, the margin, and what it means."""
+        lines = []
+        for prompt in self.prompts:
+            if prompt.identical:
+                continue
+            if prompt.non_finite is not None:
+                lines.append(
+                    f"prompt {prompt.index}: non-finite at step {prompt.first_divergent_step}"
+                )
+                continue
+            text = f"prompt {prompt.index}: diverges at step {prompt.first_divergent_step}"
+            if prompt.reference_margin is not None:
+                margin, error = prompt.reference_margin, prompt.max_abs_logit_diff
+                verdict = (
+                    "a near tie: rounding, not a fault" if prompt.near_tie else "not a near tie"
+                )
+                relation = "<" if prompt.near_tie else ">="
+                text += (
+                    f", reference top-1 - top-2 margin {margin:.4g} {relation} logit error "
+                    f"{error:.4g} ({verdict})"
+                )
+            lines.append(text)
+        return lines
 
 
 class RepairReport(Report):

@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from decodebench.mil.norms import Norm, find_norms
 
 REACH_HOPS = 24
@@ -200,3 +202,15 @@ def describe(function: Any) -> dict[str, Place]:
     """op name -> place, for every non-const op."""
     by_id = places(function)
     return {op.name: by_id[id(op)] for op in function.operations if id(op) in by_id}
+
+
+def dimensions(function: Any, found: dict[str, Place]) -> tuple[int | None, int | None]:
+    """(layers, hidden width) of a decoder as its anatomy shows them: how many layers were
+    numbered, and the last axis of what its norms normalise (None where none is found)."""
+    layers = {place.layer for place in found.values() if place.layer is not None}
+    norms = find_norms(function)
+    width = None
+    if norms:
+        shape = norms[0].source.shape
+        width = int(shape[-1]) if shape and isinstance(shape[-1], int | np.integer) else None
+    return (max(layers) + 1 if layers else None), width

@@ -69,30 +69,19 @@ def _greedy(session: Session, prompt: Sequence[int], steps: int) -> list[int]:
     return tokens
 
 
-def _place(places: dict[str, Place], op_name: str) -> Place:
+def _place(places: Mapping[str, Place], op_name: str) -> Place:
     return places.get(op_name) or Place(layer=None, section="program", role=op_name)
 
 
-def measure_headroom(
-    path: Path | str,
-    prompts: Sequence[Sequence[int]],
-    steps: int,
+def find_hazards(
+    per_prompt: Sequence[Mapping[str, float]],
+    places: Mapping[str, Place],
+    types: Mapping[str, str],
     margin: float = DEFAULT_MARGIN,
-) -> HeadroomReport:
-    """The fp32 run's peaks and the fp16 run's first non-finite op, over ``prompts``."""
-    wide = load_package(path).program
-    widen_program(wide)
-    recorder = PeakRecorder(wide)
-    places = describe(recorder.function)
-    session = decode_session(recorder, str(path))
-    per_prompt: list[dict[str, float]] = []
-    reference: list[list[int]] = []
-    for prompt in prompts:
-        recorder.peaks = {}
-        reference.append(_greedy(session, prompt, steps))
-        per_prompt.append(recorder.peaks)
+) -> list[Hazard]:
+    """The ops whose largest |value| (per prompt, in program order) comes within ``margin`` of
+    fp16's largest value or passes it, named by layer and role."""
     threshold = FP16_MAX / margin
-    types = {op.name: op.op_type for op in recorder.function.operations}
     hazards = []
     for name in per_prompt[0] if per_prompt else {}:
         peaks = [found.get(name, 0.0) for found in per_prompt]
@@ -109,15 +98,53 @@ def measure_headroom(
                 peak=max(peaks),
                 overflow_prompts=sum(peak > FP16_MAX for peak in peaks),
                 close_prompts=sum(peak > threshold for peak in peaks),
-                prompts=len(prompts),
+                prompts=len(per_prompt),
             )
         )
+    return hazards
+
+
+def name_non_finite(error: NonFiniteError, places: Mapping[str, Place], prompt: int) -> NonFinite:
+    """A non-finite value the fp16 program produced, named by layer and role."""
+    place = _place(places, error.op_name)
+    return NonFinite(
+        op=error.op_name,
+        op_type=error.op_type,
+        label=place.label,
+        prompt=prompt,
+        message=str(error),
+    )
+
+
+def op_types(function: Any) -> dict[str, str]:
+    return {op.name: op.op_type for op in function.operations}
+
+
+def measure_headroom(
+    path: Path | str,
+    prompts: Sequence[Sequence[int]],
+    steps: int,
+    margin: float = DEFAULT_MARGIN,
+) -> HeadroomReport:
+    """The fp32 run's peaks and the fp16 run's first non-finite op, over ``prompts``, as two
+    runs of their own (the doctor takes both from its one pass, :mod:`decodebench.mil.repair`)."""
+    wide = load_package(path).program
+    widen_program(wide)
+    recorder = PeakRecorder(wide)
+    places = describe(recorder.function)
+    session = decode_session(recorder, str(path))
+    per_prompt: list[dict[str, float]] = []
+    reference: list[list[int]] = []
+    for prompt in prompts:
+        recorder.peaks = {}
+        reference.append(_greedy(session, prompt, steps))
+        per_prompt.append(recorder.peaks)
     return HeadroomReport(
         package=str(path),
         prompts=len(prompts),
         steps=steps,
         margin=margin,
-        hazards=hazards,
+        hazards=find_hazards(per_prompt, places, op_types(recorder.function), margin),
         first_non_finite=first_non_finite(path, prompts, steps),
         reference_tokens=reference,
     )
@@ -135,18 +162,27 @@ def first_non_finite(
         try:
             _greedy(session, prompt, steps)
         except NonFiniteError as error:
-            place = _place(places, error.op_name)
-            return NonFinite(
-                op=error.op_name,
-                op_type=error.op_type,
-                label=place.label,
-                prompt=index,
-                message=str(error),
-            )
+            return name_non_finite(error, places, index)
     return None
 
 
-def render(report: HeadroomReport) -> list[str]:
+def overflowing_layers(report: HeadroomReport) -> str:
+    """``2-10, 12-29 and the head``: where an op overflows."""
+    layers = sorted({h.layer for h in report.overflows if h.layer is not None})
+    runs: list[str] = []
+    for layer in layers:
+        if runs and runs[-1].split("-")[-1] == str(layer - 1):
+            runs[-1] = f"{runs[-1].split('-')[0]}-{layer}"
+        else:
+            runs.append(str(layer))
+    sections = sorted({h.label.split(" · ")[0] for h in report.overflows if h.layer is None})
+    parts = [f"layers {', '.join(runs)}" if runs else "", *(f"the {name}" for name in sections)]
+    parts = [part for part in parts if part]
+    return " and ".join(parts) if parts else "none"
+
+
+def render(report: HeadroomReport, overflows_shown: int | None = None) -> list[str]:
+    """The report as lines; ``overflows_shown``: at most that many overflowing ops listed."""
     lines = [
         f"fp16 headroom of {report.package}: {report.prompts} prompts x {report.steps} steps, "
         f"its own fp32 run"
@@ -164,8 +200,13 @@ def render(report: HeadroomReport) -> list[str]:
     lines.append(
         f"  hazards: {len(overflows)} ops overflow, {len(close)} within {report.margin:g}x"
     )
-    for hazard in overflows:  # in program order
+    if overflows:
+        lines.append(f"  overflowing: {overflowing_layers(report)}")
+    listed = overflows if overflows_shown is None else overflows[:overflows_shown]
+    for hazard in listed:  # in program order
         lines.append(f"  [OVERFLOW] {hazard.describe()}")
+    if len(listed) < len(overflows):
+        lines.append(f"  ... and {len(overflows) - len(listed)} more overflowing ops")
     for hazard in sorted(close, key=lambda item: -item.peak)[:CLOSE_SHOWN]:
         lines.append(f"  [close]    {hazard.describe()}")
     if len(close) > CLOSE_SHOWN:

@@ -45,18 +45,30 @@ def quiet_coremltools() -> Iterator[None]:
 
 def load_package(path: Path | str) -> LoadedPackage:
     """Parse ``path`` (an mlprogram ``.mlpackage``) into a pymil program, weights included."""
+    return load_packages(path, 1)[0]
+
+
+def load_packages(path: Path | str, count: int) -> list[LoadedPackage]:
+    """``count`` independent pymil programs of ``path``, its spec read and parsed once.
+
+    Each is its own graph (a repair rewrites one in place without touching the others); pymil
+    programs are too deeply linked for ``copy.deepcopy``, so each is built from the spec.
+    """
     try:
         spec, model_directory = load_program(path)
     except AnalysisError as error:
         raise MilError(str(error)) from None
+    loaded = []
     with quiet_coremltools():
-        try:
-            program = load_milproto(
-                spec, spec.specificationVersion, str(model_directory / "weights")
-            )
-        except (ValueError, NotImplementedError, KeyError) as error:
-            raise MilError(f"{path}: coremltools cannot read this program ({error})") from None
-    return LoadedPackage(path=Path(path), spec=spec, program=program)
+        for _ in range(count):
+            try:
+                program = load_milproto(
+                    spec, spec.specificationVersion, str(model_directory / "weights")
+                )
+            except (ValueError, NotImplementedError, KeyError) as error:
+                raise MilError(f"{path}: coremltools cannot read this program ({error})") from None
+            loaded.append(LoadedPackage(path=Path(path), spec=spec, program=program))
+    return loaded
 
 
 def deployment_target(spec: Model_pb2.Model) -> ct.target:

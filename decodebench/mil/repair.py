@@ -5,89 +5,403 @@ GQA fold (:mod:`decodebench.mil.fold`). Each candidate program is proven against
 own fp32 run (:mod:`decodebench.mil.widen`) on the prompts: both decode each prompt then
 ``steps`` tokens, the candidate teacher-forced with the reference's tokens, so every step
 compares logits for the same context. Per candidate: the share of prompts whose greedy tokens
-are all the reference's, the first divergent step of each other prompt, the largest logit
-difference, and the prompts where the candidate produced a non-finite value.
+are all the reference's, the first divergent step of each other prompt (with the reference's
+top-1 minus top-2 logit there: a flip at a near tie is rounding), the largest logit difference,
+and the prompts where the candidate produced a non-finite value.
 
 A norm repair is kept only if it improves agreement (more prompts with identical tokens, or as
 many and fewer with a non-finite value): a smaller logit error alone does not pay for its ops. The
-fold, a speed repair that is exact, is kept if it does not make agreement worse. The output package holds what was kept; with nothing kept it is a byte copy of the input.
+fold, a speed repair that is exact, is kept if it does not make agreement worse. The output
+package holds what was kept; with nothing kept it is a byte copy of the input.
+
+:class:`Cure` is that proof as the one pass of the doctor: the package is parsed once; the fp32
+reference can record every op's largest |value| as it decodes (the fp16 headroom,
+:mod:`decodebench.mil.headroom`), the original fp16 candidate's first non-finite op is the
+package's first overflow, and a checkpoint's transformers fp32 (:mod:`decodebench.mil.checkpoint`)
+is stepped in the same loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from decodebench.contracts.doctor import Agreement, PromptAgreement, RepairReport
+from decodebench.contracts.doctor import (
+    Agreement,
+    CheckpointAgreement,
+    HeadroomReport,
+    PromptAgreement,
+    RepairReport,
+)
+from decodebench.mil.anatomy import Place, describe, dimensions
 from decodebench.mil.cache_io import Session, decode_session
+from decodebench.mil.checkpoint import TransformersSession, load_checkpoint
 from decodebench.mil.fold import fold_program
 from decodebench.mil.fold_package import copy_package
+from decodebench.mil.headroom import (
+    DEFAULT_MARGIN,
+    PeakRecorder,
+    find_hazards,
+    name_non_finite,
+    op_types,
+)
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.norm_repair import repair_norms
-from decodebench.mil.program import MilError, load_package, save_package
+from decodebench.mil.program import LoadedPackage, MilError, load_packages, save_package
 from decodebench.mil.widen import widen_program
 
 REPAIR_METADATA_KEY = "decodebench.repair"
+REFERENCE = "reference"  # the package's own fp32 run, the teacher of the proof
+TRANSFORMERS = "transformers"  # the checkpoint's transformers fp32, when there is one
+
+
+class Stepper(Protocol):
+    def reset(self) -> None: ...
+
+    def step(self, token: int, position: int) -> np.ndarray: ...
 
 
 def _session(program: Any, label: str) -> Session:
     return decode_session(Interpreter(program), label)
 
 
+def top_margin(logits: np.ndarray) -> float:
+    """The best logit minus the second best."""
+    second, first = np.partition(logits, -2)[-2:]
+    return float(first - second)
+
+
+@dataclass
+class _Comparison:
+    divergent: int | None = None
+    worst: float = 0.0
+    broken: str | None = None
+    margin: float | None = None
+
+    def row(self, index: int) -> PromptAgreement:
+        return PromptAgreement(
+            index=index,
+            identical=self.divergent is None and self.broken is None,
+            first_divergent_step=self.divergent,
+            max_abs_logit_diff=self.worst,
+            non_finite=self.broken,
+            reference_margin=self.margin,
+        )
+
+
+@dataclass
+class Proof:
+    tokens: list[list[int]]  # the reference's greedy tokens, per prompt
+    agreements: dict[str, Agreement]  # candidate -> against the reference
+    pairs: dict[tuple[str, str], Agreement]  # (expected, actual) -> agreement
+    errors: dict[str, dict[int, NonFiniteError]]  # candidate -> prompt -> its non-finite value
+
+
 def prove(
-    reference: Session,
-    candidates: dict[str, Session],
+    reference: Stepper,
+    candidates: Mapping[str, Stepper],
     prompts: Sequence[Sequence[int]],
     steps: int,
-) -> tuple[list[list[int]], dict[str, Agreement]]:
-    """Decode every prompt with ``reference`` and compare each candidate, teacher-forced."""
+    *,
+    pairs: Sequence[tuple[str, str]] = (),
+    after_prompt: Callable[[int], None] | None = None,
+) -> Proof:
+    """Decode every prompt with ``reference`` and compare each candidate, teacher-forced.
+
+    ``pairs`` are more comparisons, ``(expected, actual)`` among :data:`REFERENCE` and the
+    candidates' names, on the same teacher-forced context: a first divergent step up to the one
+    where the reference's own tokens leave ``expected``'s is the free-running one; past it the
+    context is the reference's, not ``expected``'s. ``after_prompt(index)`` is called when a
+    prompt is done.
+    """
+    if REFERENCE in candidates:
+        raise ValueError(f"a candidate cannot be named {REFERENCE!r}: that is the teacher")
+    comparisons = [(REFERENCE, name) for name in candidates] + list(pairs)
+    rows: dict[tuple[str, str], list[PromptAgreement]] = {key: [] for key in comparisons}
+    errors: dict[str, dict[int, NonFiniteError]] = {name: {} for name in candidates}
     tokens: list[list[int]] = []
-    found: dict[str, list[PromptAgreement]] = {name: [] for name in candidates}
     for index, prompt in enumerate(prompts):
         live = dict(candidates)
         reference.reset()
         for session in live.values():
             session.reset()
-        divergent: dict[str, int | None] = {name: None for name in live}
-        worst: dict[str, float] = {name: 0.0 for name in live}
-        broken: dict[str, str] = {}
+        found = {key: _Comparison() for key in comparisons}
         generated: list[int] = []
         token = prompt[0]
         for position in range(len(prompt) + steps - 1):
-            expected = reference.step(token, position)
-            generating = position >= len(prompt) - 1
+            step = position - len(prompt) + 1  # the generated token's index, from 0
+            logits = {REFERENCE: reference.step(token, position)}
             for name in list(live):
                 try:
-                    logits = live[name].step(token, position)
+                    logits[name] = live[name].step(token, position)
                 except NonFiniteError as error:
-                    broken[name] = str(error)
-                    divergent[name] = max(0, position - len(prompt) + 1)
+                    errors[name][index] = error
                     del live[name]
+                    for key, comparison in found.items():
+                        if name in key and comparison.broken is None:
+                            comparison.broken = str(error)
+                            if comparison.divergent is None:
+                                comparison.divergent = max(0, step)
+            for (expected_name, actual_name), comparison in found.items():
+                if comparison.broken is not None:
                     continue
-                worst[name] = max(worst[name], float(np.max(np.abs(logits - expected))))
-                if generating and divergent[name] is None:
-                    if int(np.argmax(logits)) != int(np.argmax(expected)):
-                        divergent[name] = position - len(prompt) + 1
-            if generating:
-                generated.append(int(np.argmax(expected)))
+                expected, actual = logits[expected_name], logits[actual_name]
+                comparison.worst = max(comparison.worst, float(np.max(np.abs(actual - expected))))
+                if step >= 0 and comparison.divergent is None:
+                    if int(np.argmax(actual)) != int(np.argmax(expected)):
+                        comparison.divergent = step
+                        comparison.margin = top_margin(expected)
+            if step >= 0:
+                generated.append(int(np.argmax(logits[REFERENCE])))
                 token = generated[-1]
             else:
                 token = prompt[position + 1]
         tokens.append(generated)
-        for name in candidates:
-            found[name].append(
-                PromptAgreement(
-                    index=index,
-                    identical=divergent[name] is None and name not in broken,
-                    first_divergent_step=divergent[name],
-                    max_abs_logit_diff=worst[name],
-                    non_finite=broken.get(name),
-                )
+        for key, comparison in found.items():
+            rows[key].append(comparison.row(index))
+        if after_prompt is not None:
+            after_prompt(index)
+    agreements = {
+        name: Agreement(candidate=name, prompts=rows[(REFERENCE, name)]) for name in candidates
+    }
+    paired = {key: Agreement(candidate=key[1], prompts=rows[key]) for key in pairs}
+    return Proof(tokens=tokens, agreements=agreements, pairs=paired, errors=errors)
+
+
+@dataclass
+class Cured:
+    repair: RepairReport
+    headroom: HeadroomReport | None = None
+    checkpoint: CheckpointAgreement | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Cure:
+    """A package's repair candidates, proven in one pass against its own fp32 run.
+
+    The package is parsed once (four programs from its spec: the fp32 reference, the original,
+    the norm repair, the norm repair with the fold). Everything a prompt or a checkpoint could
+    get wrong is refused here, before any decoding and before anything is written.
+    """
+
+    def __init__(
+        self,
+        source: Path | str,
+        target: Path | str,
+        prompts: Sequence[Sequence[int]],
+        steps: int,
+        *,
+        record_peaks: bool = False,
+        weights: Path | str | None = None,
+        margin: float = DEFAULT_MARGIN,
+    ) -> None:
+        self.source, self.target = Path(source), Path(target)
+        if self.source.resolve() == self.target.resolve():
+            raise MilError("the output package must differ from the input package")
+        if not prompts or steps < 1:
+            raise MilError("the proof needs at least one prompt and one step")
+        if any(not prompt for prompt in prompts):
+            raise MilError("every prompt needs at least one token")
+        self.prompts = [list(prompt) for prompt in prompts]
+        self.steps, self.margin = steps, margin
+        reference, original, norms, both = load_packages(self.source, 4)
+        self.original = original
+        widen_program(reference.program)
+        self.recorder = PeakRecorder(reference.program) if record_peaks else None
+        interpreter = self.recorder or Interpreter(reference.program)
+        self.reference = decode_session(interpreter, f"{self.source} (fp32)")
+        interface = self.reference.interface
+        longest = max(len(prompt) for prompt in self.prompts)
+        if longest + steps > interface.context:
+            raise MilError(
+                f"a prompt of {longest} tokens and {steps} steps need {longest + steps} "
+                f"positions; the package's context is {interface.context}"
             )
-    return tokens, {name: Agreement(candidate=name, prompts=rows) for name, rows in found.items()}
+        function = original.program.functions[interpreter.function_name]
+        self.places: dict[str, Place] = describe(function)
+        self.checkpoint: TransformersSession | None = None
+        self.weights = None if weights is None else str(weights)
+        if weights is not None:
+            layers, hidden = dimensions(function, self.places)
+            self.checkpoint = load_checkpoint(weights, interface.vocab, layers, hidden)
+        ids = [token for prompt in self.prompts for token in prompt]
+        if min(ids) < 0 or max(ids) >= interface.vocab:
+            raise MilError(
+                f"the prompts hold token ids {min(ids)}..{max(ids)}; the package's vocabulary "
+                f"is 0..{interface.vocab - 1} (a tokenizer of another model?)"
+            )
+
+        self.norms = repair_norms(norms.program)
+        self.rewritten = [norm for norm in self.norms if norm.status == "rewritten"]
+        repair_norms(both.program)
+        self.fold = fold_program(both.program)
+        self.packages: dict[str, LoadedPackage] = {"original": original}
+        if self.rewritten:
+            self.packages["norms"] = norms
+        if self.fold.rewritten:
+            self.packages["norms+fold" if self.rewritten else "fold"] = both
+
+    def run(self, log: Callable[[str], None] | None = None) -> Cured:
+        """Prove every candidate in one pass, keep what proves itself, write the target."""
+        say = log or (lambda _message: None)
+        sessions: dict[str, Stepper] = {
+            name: _session(package.program, f"{self.source} ({name})")
+            for name, package in self.packages.items()
+        }
+        pairs: list[tuple[str, str]] = []
+        if self.checkpoint is not None:
+            sessions[TRANSFORMERS] = self.checkpoint
+            pairs = [(TRANSFORMERS, REFERENCE)] + [(TRANSFORMERS, name) for name in self.packages]
+        per_prompt: list[dict[str, float]] = []
+        started = last = time.monotonic()
+
+        def done(index: int) -> None:
+            nonlocal last
+            if self.recorder is not None:
+                per_prompt.append(self.recorder.peaks)
+                self.recorder.peaks = {}
+            now = time.monotonic()
+            positions = len(self.prompts[index]) + self.steps - 1
+            say(
+                f"prompt {index + 1}/{len(self.prompts)}: {positions} positions, "
+                f"{now - last:.1f} s ({now - started:.0f} s so far)"
+            )
+            last = now
+
+        say(
+            f"proving {len(self.packages) - 1} candidate(s) against the package's fp32 run"
+            + (" and transformers fp32" if self.checkpoint is not None else "")
+            + f" on {len(self.prompts)} prompts x {self.steps} steps"
+        )
+        if self.recorder is not None:
+            self.recorder.peaks = {}
+        proof = prove(
+            self.reference, sessions, self.prompts, self.steps, pairs=pairs, after_prompt=done
+        )
+        repair = self._decide(proof)
+        seconds = {"proof": round(time.monotonic() - started, 3)}
+        cured = Cured(repair=repair, headroom=self._headroom(proof, per_prompt), seconds=seconds)
+        if self.checkpoint is not None:
+            cured.checkpoint = self._checkpoint(proof, repair, sessions, say)
+        return cured
+
+    def _headroom(self, proof: Proof, per_prompt: list[dict[str, float]]) -> HeadroomReport | None:
+        if self.recorder is None:
+            return None
+        broken = proof.errors["original"]
+        first = min(broken, default=None)
+        return HeadroomReport(
+            package=str(self.source),
+            prompts=len(self.prompts),
+            steps=self.steps,
+            margin=self.margin,
+            hazards=find_hazards(
+                per_prompt, self.places, op_types(self.recorder.function), self.margin
+            ),
+            first_non_finite=None
+            if first is None
+            else name_non_finite(broken[first], self.places, first),
+            reference_tokens=proof.tokens,
+        )
+
+    def _decide(self, proof: Proof) -> RepairReport:
+        agreements = proof.agreements
+        applied: list[str] = []
+        refused: dict[str, str] = {}
+        base = agreements["original"]
+        if self.rewritten:
+            if agreements["norms"].improves_on(base):
+                applied.append("norms")
+                base = agreements["norms"]
+            else:
+                refused["norms"] = "does not improve agreement with the fp32 reference"
+        if self.fold.rewritten:
+            name = "norms+fold" if self.rewritten else "fold"
+            if "norms" not in applied and self.rewritten:
+                refused["fold"] = "proven only together with the norm repair, which was refused"
+            elif agreements[name].no_worse_than(base):
+                applied.append("fold")
+            else:
+                refused["fold"] = "makes agreement with the fp32 reference worse"
+        chosen = self.packages.get(self.chosen(applied))
+        if chosen is None or not applied:
+            copy_package(self.source, self.target)
+        else:
+            summary = (
+                f"{len(self.rewritten)} norms made overflow-safe" if "norms" in applied else ""
+            )
+            if "fold" in applied:
+                summary += ("; " if summary else "") + (
+                    f"{self.fold.rewritten} attention patterns folded"
+                )
+            save_package(chosen.program, self.target, chosen.spec, {REPAIR_METADATA_KEY: summary})
+        return RepairReport(
+            source=str(self.source),
+            target=str(self.target),
+            prompts=len(self.prompts),
+            steps=self.steps,
+            norms=self.norms,
+            fold=self.fold if self.fold.found else None,
+            original=agreements["original"],
+            candidates=[agreements[name] for name in self.packages if name != "original"],
+            applied=applied,
+            refused=refused,
+            reference_tokens=proof.tokens,
+        )
+
+    def chosen(self, applied: Sequence[str]) -> str:
+        """The candidate the applied repairs make."""
+        if not applied:
+            return "original"
+        if "fold" in applied and not self.rewritten:
+            return "fold"
+        return "+".join(applied)
+
+    def _checkpoint(
+        self,
+        proof: Proof,
+        repair: RepairReport,
+        sessions: Mapping[str, Stepper],
+        say: Callable[[str], None],
+    ) -> CheckpointAgreement:
+        """The package's fp32 run and the repaired candidate against transformers fp32.
+
+        Where transformers' tokens are the reference's, the one pass compared both on
+        transformers' own context. Where they are not, the pass's context left transformers'
+        at its first divergence, so those prompts are decoded again with transformers as the
+        teacher.
+        """
+        chosen = self.chosen(repair.applied)
+        own = list(proof.pairs[(TRANSFORMERS, REFERENCE)].prompts)
+        theirs = list(proof.pairs[(TRANSFORMERS, chosen)].prompts)
+        again = [row.index for row in own if not row.identical]
+        if again:
+            say(f"transformers fp32 diverges from the package's fp32 run on prompts {again}")
+            assert self.checkpoint is not None
+            own_name = "package fp32"
+            rerun = prove(
+                self.checkpoint,
+                {own_name: self.reference, chosen: sessions[chosen]},
+                [self.prompts[index] for index in again],
+                self.steps,
+            )
+            for position, index in enumerate(again):
+                own[index] = (
+                    rerun.agreements[own_name].prompts[position].model_copy(update={"index": index})
+                )
+                theirs[index] = (
+                    rerun.agreements[chosen].prompts[position].model_copy(update={"index": index})
+                )
+        return CheckpointAgreement(
+            weights=self.weights or "",
+            reference=Agreement(candidate="package fp32", prompts=own),
+            repaired=Agreement(candidate=chosen, prompts=theirs),
+        )
 
 
 def repair_mlpackage(
@@ -98,86 +412,7 @@ def repair_mlpackage(
     log: Callable[[str], None] | None = None,
 ) -> RepairReport:
     """Write ``source`` with the repairs that proved themselves to ``target``."""
-    source, target = Path(source), Path(target)
-    if source.resolve() == target.resolve():
-        raise MilError("the output package must differ from the input package")
-    if not prompts or steps < 1:
-        raise MilError("the proof needs at least one prompt and one step")
-    say = log or (lambda _message: None)
-    reference_program = load_package(source).program
-    widen_program(reference_program)
-    reference = _session(reference_program, f"{source} (fp32)")
-    context, longest = reference.interface.context, max(len(prompt) for prompt in prompts)
-    if longest + steps > context:
-        raise MilError(
-            f"a prompt of {longest} tokens and {steps} steps need {longest + steps} positions; "
-            f"the package's context is {context}"
-        )
-
-    original = load_package(source)
-    norm_package = load_package(source)
-    norms = repair_norms(norm_package.program)
-    rewritten = [norm for norm in norms if norm.status == "rewritten"]
-    both_package = load_package(source)
-    repair_norms(both_package.program)
-    fold = fold_program(both_package.program)
-
-    programs: dict[str, Any] = {"original": original.program}
-    if rewritten:
-        programs["norms"] = norm_package.program
-    if fold.rewritten:
-        if rewritten:
-            programs["norms+fold"] = both_package.program
-        else:
-            programs["fold"] = both_package.program
-    say(f"proving {len(programs) - 1} candidate(s) on {len(prompts)} prompts x {steps} steps")
-    sessions = {name: _session(program, f"{source} ({name})") for name, program in programs.items()}
-    reference_tokens, agreements = prove(reference, sessions, prompts, steps)
-
-    applied: list[str] = []
-    refused: dict[str, str] = {}
-    base = agreements["original"]
-    if rewritten:
-        if agreements["norms"].improves_on(base):
-            applied.append("norms")
-            base = agreements["norms"]
-        else:
-            refused["norms"] = "does not improve agreement with the fp32 reference"
-    if fold.rewritten:
-        name = "norms+fold" if rewritten else "fold"
-        if "norms" not in applied and rewritten:
-            refused["fold"] = "proven only together with the norm repair, which was refused"
-        elif agreements[name].no_worse_than(base):
-            applied.append("fold")
-        else:
-            refused["fold"] = "makes agreement with the fp32 reference worse"
-
-    chosen = {
-        (): None,
-        ("norms",): norm_package,
-        ("fold",): both_package,
-        ("norms", "fold"): both_package,
-    }[tuple(applied)]
-    if chosen is None:
-        copy_package(source, target)
-    else:
-        summary = f"{len(rewritten)} norms made overflow-safe" if "norms" in applied else ""
-        if "fold" in applied:
-            summary += ("; " if summary else "") + f"{fold.rewritten} attention patterns folded"
-        save_package(chosen.program, target, chosen.spec, {REPAIR_METADATA_KEY: summary})
-    return RepairReport(
-        source=str(source),
-        target=str(target),
-        prompts=len(prompts),
-        steps=steps,
-        norms=norms,
-        fold=fold if fold.found else None,
-        original=agreements["original"],
-        candidates=[agreements[name] for name in programs if name != "original"],
-        applied=applied,
-        refused=refused,
-        reference_tokens=reference_tokens,
-    )
+    return Cure(source, target, prompts, steps).run(log).repair
 
 
 def render(report: RepairReport) -> str:
@@ -206,6 +441,8 @@ def render(report: RepairReport) -> str:
     )
     for agreement in [report.original, *report.candidates]:
         lines.append(f"    {agreement.candidate:12} {agreement.summary()}")
+        if agreement.candidate != "original" and agreement.non_finite < len(agreement.prompts):
+            lines += [f"      {line}" for line in agreement.divergences()]
     lines.append(f"  applied        {', '.join(report.applied) or 'nothing'}")
     for name, why in report.refused.items():
         lines.append(f"  not applied    {name}: {why}")

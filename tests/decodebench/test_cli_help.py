@@ -21,6 +21,7 @@ DESCRIPTIONS = {
     "diff": "why one build should decode faster than another",
     "fold": "remove GQA KV replication from a program",
     "repair": "repair a program, proven on prompts",
+    "doctor": "diagnose, repair and prove a Core ML LLM in one pass",
     "verify": "do two programs decode the same?",
     "model": "real checkpoints, locally and on a server",
     "submit": "run a sweep",
