@@ -79,7 +79,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             cure = Cure(args.source, args.target, prompts, args.steps, record_peaks=args.diagnose)
             if args.diagnose:
                 analysis = analyze_mlpackage(args.source)
-                waste = find_waste(args.source, analysis, program=cure.original.program)
+                waste = find_waste(args.source, analysis)
             cured = cure.run()
             headroom, report = cured.headroom, cured.repair
             if headroom is not None and not args.json:

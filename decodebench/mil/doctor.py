@@ -49,7 +49,7 @@ def doctor(
     # Everything the package, the prompts or the checkpoint can get wrong is refused here.
     cure = Cure(source, target, prompts, steps, record_peaks=True, weights=weights, margin=margin)
     say(f"analysed the graph: {analysis.bytes_per_token.total / 2**20:,.1f} MiB per token")
-    waste = find_waste(source, analysis, program=cure.original.program)
+    waste = find_waste(source, analysis)
     cured = cure.run(say)
     assert cured.headroom is not None
     repaired_analysis = analyze_mlpackage(target)

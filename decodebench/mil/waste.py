@@ -73,7 +73,6 @@ def _is_computed(graph: FunctionGraph, name: str) -> bool:
 
 
 def find_waste(
-<<<<<<< HEAD
     path: Path | str,
     analysis: GraphAnalysis | None = None,
     graphs: dict[str, FunctionGraph] | None = None,
@@ -86,16 +85,6 @@ def find_waste(
     elif graphs is None:
         graphs = function_graphs(*load_program(path))
     graph = graphs.get(analysis.decode_function) or next(iter(graphs.values()))
-=======
-    path: Path | str, analysis: GraphAnalysis | None = None, program: Any | None = None
-) -> list[Waste]:
-    """The wastes of the package at ``path`` (``program``: it, already loaded, not rewritten)."""
-    analysis = analysis or analyze_mlpackage(path)
-    program = program if program is not None else load_package(path).program
-    function = program.functions.get(analysis.decode_function or "main") or next(
-        iter(program.functions.values())
-    )
->>>>>>> h-doctor
     found: list[Waste] = []
 
     def add(kind: str, what: str, saved: int, fix: str, applicable: bool = False) -> None:
