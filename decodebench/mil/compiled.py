@@ -532,6 +532,10 @@ class _Writer:
                     if one:  # one value: itself (exact in a Python float)
                         self.emit(f"if not isfinite({widened}.item()): {failed}")
                     else:
+                        failed = (
+                            f"non_finite_wide({self.bind('s', step)}, {slot}, v{slot}, "
+                            f"{widened}, ({reads}{comma}))"
+                        )
                         self.emit(f"if not isfinite(vdot({widened}, {widened})): {failed}")
                     continue
             if declared == FP32 and one:
@@ -557,4 +561,5 @@ def compile_function(plan: Plan, interpreter: Any, check: bool) -> Compiled:
     writer = _Writer(plan, interpreter, check)
     writer.names["bad_shape"] = interpreter._compiled_bad_shape
     writer.names["non_finite"] = interpreter._compiled_non_finite
+    writer.names["non_finite_wide"] = interpreter._compiled_non_finite_wide
     return writer.write()
