@@ -21,6 +21,11 @@ changes (the interpreter's pins hold it bit for bit); what goes is the Python ar
   check fails, the exact one decides (an fp32 sum of squares can overflow on finite values), and
   the op is named as before: every op is still checked where it was, so an infinity a later op
   would hide (``rsqrt(inf) = 0``) is caught at the op that made it;
+- a state's storage checked whole is not scanned again while only finite slices are written into
+  it (:func:`decodebench.mil.shadows.known_finite`);
+- reductions with kept dims call NumPy's ufunc reductions without ``np.max``/``np.mean``'s
+  wrappers (the same calls underneath), and an output whose class and shape follow from static
+  shapes is not checked for them at run time;
 - an op failing is named from the line of the generated source it failed on.
 
 Only plain interpreters are compiled: a subclass overriding ``_execute``, and a first run that
