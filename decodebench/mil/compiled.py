@@ -63,7 +63,7 @@ from decodebench.mil.registry import KERNELS, OpArgs, normalize_axis
 STORAGE_KINDS = frozenset({READ_STATE_SHARED, SLICE_UPDATE_IN_PLACE, UPDATE_STATE, WRITE_STATE})
 # The ufunc reductions np.max, np.min, np.sum and np.mean apply (np.mean: a sum, then divided
 # by the count, see mean_of).
-DIRECT_REDUCTIONS = {
+DIRECT_REDUCTIONS: dict[str, Callable[..., Any]] = {
     "reduce_max": np.maximum.reduce,
     "reduce_min": np.minimum.reduce,
     "reduce_sum": np.add.reduce,

@@ -4,6 +4,9 @@ later ops would hide the overflow."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import coremltools as ct
 import numpy as np
 import pytest
@@ -157,7 +160,11 @@ def test_reductions_called_directly_are_numpys_bit_for_bit() -> None:
     Python wrappers (mean: the sum divided by the count, as NumPy does): the same bits."""
     from decodebench.mil.compiled import DIRECT_REDUCTIONS, mean_of
 
-    wrapped = {"reduce_max": np.max, "reduce_min": np.min, "reduce_sum": np.sum}
+    wrapped: dict[str, Callable[..., Any]] = {
+        "reduce_max": np.max,
+        "reduce_min": np.min,
+        "reduce_sum": np.sum,
+    }
     rng = np.random.default_rng(5)
     for shape, axes in [((1, 1, 576), (2,)), ((2, 3, 5, 7), (1, 3)), ((3, 1536), (0, 1))]:
         values = (rng.standard_normal(shape) * 300).astype(np.float16).astype(np.float32)

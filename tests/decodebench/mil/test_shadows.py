@@ -88,7 +88,8 @@ def test_a_cache_checked_whole_stays_known_finite_only_while_finite_slices_are_w
     storage[index] = 1.5
     shadows.write(storage, index)
     assert shadows.known_finite(storage)
-    assert shadows.shadow(storage).tobytes() == storage.astype(np.float32).tobytes()
+    wide = shadows.shadow(storage)
+    assert wide is not None and wide.tobytes() == storage.astype(np.float32).tobytes()
     storage[index] = np.inf
     shadows.write(storage, index)
     assert not shadows.known_finite(storage)
