@@ -21,6 +21,11 @@ changes (the interpreter's pins hold it bit for bit); what goes is the Python ar
   check fails, the exact one decides (an fp32 sum of squares can overflow on finite values), and
   the op is named as before: every op is still checked where it was, so an infinity a later op
   would hide (``rsqrt(inf) = 0``) is caught at the op that made it;
+- a state's storage checked whole is not scanned again while only finite slices are written into
+  it (:func:`decodebench.mil.shadows.known_finite`);
+- reductions with kept dims call NumPy's ufunc reductions without ``np.max``/``np.mean``'s
+  wrappers (the same calls underneath), and an output whose class and shape follow from static
+  shapes is not checked for them at run time;
 - an op failing is named from the line of the generated source it failed on.
 
 Only plain interpreters are compiled: a subclass overriding ``_execute``, and a first run that
@@ -56,6 +61,20 @@ from decodebench.mil.plan import (
 from decodebench.mil.registry import KERNELS, OpArgs, normalize_axis
 
 STORAGE_KINDS = frozenset({READ_STATE_SHARED, SLICE_UPDATE_IN_PLACE, UPDATE_STATE, WRITE_STATE})
+# The ufunc reductions np.max, np.min, np.sum and np.mean apply (np.mean: a sum, then divided
+# by the count, see mean_of).
+DIRECT_REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "reduce_max": np.maximum.reduce,
+    "reduce_min": np.minimum.reduce,
+    "reduce_sum": np.add.reduce,
+    "reduce_mean": np.add.reduce,
+}
+
+
+def mean_of(total: np.ndarray, count: np.intp) -> np.ndarray:
+    """What ``np.mean`` makes of a float array's sum (an ndarray): the sum divided in place by
+    the count as a NumPy integer (the same call, same casting, as ``numpy._core._methods``)."""
+    return np.true_divide(total, count, out=total, casting="unsafe", subok=False)
 
 
 @dataclass
@@ -81,10 +100,14 @@ def wide_shadow(value: Any) -> Any:
 
 
 def storage_finite(value: Any) -> bool:
-    """Whether a value that may be a state's storage is finite: by its fp32 shadow's sum of
+    """Whether a value that may be a state's storage is finite: known so when its shadow says
+    so (checked whole, then only finite slices written), else by its fp32 shadow's sum of
     squares when it has one (exactly the widened storage), else as any other value."""
+    if shadows.known_finite(value):
+        return True
     wide = shadows.shadow(value)
     if wide is not None and math.isfinite(np.vdot(wide, wide)):
+        shadows.mark_finite(value)
         return True
     return all_finite(value)
 
@@ -98,6 +121,7 @@ class _Writer:
         self.bound: dict[tuple[str, int], str] = {}
         self.elementwise_constants: dict[int, str] = {}
         self.step: Step | None = None
+        self.exact = False  # the last kernel call surely makes an ndarray of the declared shape
         self.owner: dict[int, Step | None] = {}
         self.names: dict[str, Any] = {
             "nd": np.ndarray,
@@ -164,6 +188,25 @@ class _Writer:
             self.widened.add(slot)
         return f"w{slot}"
 
+    def static_shape(self, slot: int) -> tuple[int, ...] | None:
+        if slot in self.constants:
+            return tuple(np.shape(self.plan.template[slot]))
+        return self.shape.get(slot)
+
+    def broadcasts_to(self, slots: tuple[int, ...] | list[int], declared: Any) -> bool:
+        """Whether NumPy operations broadcasting ``slots`` (widened) surely make an ndarray of
+        the ``declared`` shape: then its class and shape need no check at run time."""
+        if not declared:  # unknown, or 0-d: a NumPy scalar may come back
+            return False
+        shapes = [self.static_shape(slot) for slot in slots]
+        known = [shape for shape in shapes if shape is not None]
+        if len(known) != len(shapes):
+            return False
+        try:
+            return tuple(np.broadcast_shapes(*known)) == tuple(declared)
+        except ValueError:
+            return False
+
     def static_value(self, slot: int, wide: bool) -> Any:
         """A constant parameter's value as the kernel would see it."""
         value = self.plan.template[slot]
@@ -195,6 +238,7 @@ class _Writer:
 
     def write_step(self, step: Step) -> None:
         kind = step.kind
+        self.exact = False
         if kind in STORAGE_KINDS:
             self.storage.update(step.outputs)
         elif kind == KERNEL and not step.wide and step.function is None:
@@ -262,8 +306,8 @@ class _Writer:
         squeeze_mask = [bool(b) for b in args.get("squeeze_mask", [False] * rank)]
 
         def index(begin: Any, end: Any) -> tuple[Any, ...]:
-            starts = [int(item) for item in np.asarray(begin).reshape(-1)]
-            stops = [int(item) for item in np.asarray(end).reshape(-1)]
+            starts = [int(item) for item in np.asarray(begin).ravel().tolist()]
+            stops = [int(item) for item in np.asarray(end).ravel().tolist()]
             return tuple(
                 starts[axis]
                 if squeeze_mask[axis]
@@ -289,9 +333,11 @@ class _Writer:
 
     def kernel_call(self, step: Step) -> tuple[str, bool]:
         """The expression computing a kernel step's result(s), and whether it is one array."""
+        self.exact = False
         if step.function is not None:
             function = self.bind("f", step.function)
             operands = ", ".join(self.wide(slot, True) for slot in step.operands)
+            self.exact = self.broadcasts_to(step.operands, step.shapes[0])
             return f"{function}({operands})", True
         special = self.special(step)
         if special is not None:
@@ -343,6 +389,14 @@ class _Writer:
             self.names["matmul"] = np.matmul
             call = f"matmul({self.wide(x, False)}, {transposed})"
             added = None if bias is None else self.static_value(bias, True)
+            x_shape = self.static_shape(x)
+            if x_shape and len(x_shape) >= 2 and x_shape[-1] == value.shape[-1]:
+                product = (*x_shape[:-1], value.shape[0])
+                shapes = [product] if added is None else [product, np.shape(added)]
+                try:
+                    self.exact = tuple(np.broadcast_shapes(*shapes)) == step.shapes[0]
+                except ValueError:
+                    self.exact = False
             return call if added is None else f"{call} + {self.bind('b', added)}"
         if op_type == "matmul":
             y = params.get("y")
@@ -372,6 +426,7 @@ class _Writer:
             default = {"rsqrt": 1e-12, "inverse": 1e-4, "log": 1e-45}[op_type]
             epsilon = self.bind("e", args.scalar("epsilon", default))
             operand = self.wide(x, False)
+            self.exact = self.broadcasts_to([x], step.shapes[0])
             self.names.update(sqrt=np.sqrt, log=np.log)
             if op_type == "rsqrt":
                 return f"1.0 / sqrt({operand} + {epsilon})"
@@ -385,10 +440,28 @@ class _Writer:
             axis = None if axes is None else tuple(normalize_axis(a, len(shape)) for a in axes)
             function = self.bind("f", REDUCTIONS[op_type][1])
             keep = bool(args.scalar("keep_dims", False))
-            return f"{function}(asarray({self.wide(x, False)}), axis={axis!r}, keepdims={keep})"
+            operand = self.wide(x, False)
+            direct = DIRECT_REDUCTIONS.get(op_type)
+            if direct is not None and keep and self.dtype.get(x) in (FP16, FP32):
+                # the ufunc reduction np.max / np.sum / np.mean make, without their Python
+                # wrappers (a float input, dims kept: the result is an ndarray)
+                reduced = tuple(range(len(shape))) if axis is None else axis
+                expected = tuple(
+                    1 if index in reduced else size for index, size in enumerate(shape)
+                )
+                self.exact = expected == step.shapes[0]
+                reduce = self.bind("f", direct)
+                call = f"{reduce}({operand}, {axis!r}, None, None, True)"
+                if op_type != "reduce_mean":
+                    return call
+                count = math.prod([shape[index] for index in reduced])
+                self.names["mean_of"] = mean_of
+                return f"mean_of({call}, {self.bind('n', np.intp(count))})"
+            return f"{function}(asarray({operand}), axis={axis!r}, keepdims={keep})"
         if op_type == "softmax":
             self.names["softmax"] = softmax
             along = self.bind("a", args.scalar("axis", -1))
+            self.exact = self.broadcasts_to([x], step.shapes[0])
             return f"softmax(asarray({self.wide(x, False)}), {along})"
         if step.wide:
             return None
@@ -435,15 +508,17 @@ class _Writer:
                 self.emit(f"v{step.outputs[0]}, = r")
         else:
             self.emit(f"v{step.outputs[0]} = {call}")
+        exact, self.exact = self.exact and not many and single, False
         for slot, dtype, shape in zip(step.outputs, step.dtypes, step.shapes, strict=True):
             value = f"v{slot}"
             dtype_name = self.bind("d", dtype)
-            self.emit(f"if {value}.__class__ is not nd: {value} = asarray({value})")
+            if not exact:
+                self.emit(f"if {value}.__class__ is not nd: {value} = asarray({value})")
             self.emit(
                 f"if {value}.dtype is not {dtype_name}: "
                 f"{value} = {value}.astype({dtype_name}, copy=False)"
             )
-            if shape is not None:
+            if shape is not None and not exact:
                 self.emit(
                     f"if {value}.shape != {shape!r}: bad_shape({self.bind('s', step)}, {value})"
                 )
@@ -454,11 +529,23 @@ class _Writer:
             comma = "," if len(step.reads) == 1 else ""
             failed = f"non_finite({self.bind('s', step)}, {slot}, v{slot}, ({reads}{comma}))"
             declared = self.dtype.get(slot)
+            shape = self.shape.get(slot)
+            one = shape is not None and math.prod(shape) == 1 and len(shape) > 0
             if declared == FP16 and self.wide_readers.get(slot) and slot not in self.storage:
                 if step.kind not in STORAGE_KINDS:
                     widened = self.wide(slot, True)
-                    self.emit(f"if not isfinite(vdot({widened}, {widened})): {failed}")
+                    if one:  # one value: itself (exact in a Python float)
+                        self.emit(f"if not isfinite({widened}.item()): {failed}")
+                    else:
+                        failed = (
+                            f"non_finite_wide({self.bind('s', step)}, {slot}, v{slot}, "
+                            f"{widened}, ({reads}{comma}))"
+                        )
+                        self.emit(f"if not isfinite(vdot({widened}, {widened})): {failed}")
                     continue
+            if declared == FP32 and one:
+                self.emit(f"if not isfinite(v{slot}.item()): {failed}")
+                continue
             if declared == FP32:
                 self.emit(f"if not isfinite(vdot(v{slot}, v{slot})): {failed}")
                 continue
@@ -479,4 +566,5 @@ def compile_function(plan: Plan, interpreter: Any, check: bool) -> Compiled:
     writer = _Writer(plan, interpreter, check)
     writer.names["bad_shape"] = interpreter._compiled_bad_shape
     writer.names["non_finite"] = interpreter._compiled_non_finite
+    writer.names["non_finite_wide"] = interpreter._compiled_non_finite_wide
     return writer.write()

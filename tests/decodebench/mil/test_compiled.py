@@ -4,6 +4,9 @@ later ops would hide the overflow."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import coremltools as ct
 import numpy as np
 import pytest
@@ -150,3 +153,55 @@ def test_a_decompressed_weight_can_be_an_output(compiled) -> None:  # noqa: ANN0
     np.testing.assert_array_equal(first["weight"], [[0.5, 1.0], [1.5, 2.0]])
     assert second["weight"].tobytes() == first["weight"].tobytes()
     np.testing.assert_array_equal(second["shifted"], [2.0, 2.0])
+
+
+def test_reductions_called_directly_are_numpys_bit_for_bit() -> None:
+    """The compiled function calls np.max/np.min/np.sum/np.mean's ufunc reductions without their
+    Python wrappers (mean: the sum divided by the count, as NumPy does): the same bits."""
+    from decodebench.mil.compiled import DIRECT_REDUCTIONS, mean_of
+
+    wrapped: dict[str, Callable[..., Any]] = {
+        "reduce_max": np.max,
+        "reduce_min": np.min,
+        "reduce_sum": np.sum,
+    }
+    rng = np.random.default_rng(5)
+    for shape, axes in [((1, 1, 576), (2,)), ((2, 3, 5, 7), (1, 3)), ((3, 1536), (0, 1))]:
+        values = (rng.standard_normal(shape) * 300).astype(np.float16).astype(np.float32)
+        for op_type, direct in DIRECT_REDUCTIONS.items():
+            made = direct(values, axes, None, None, True)
+            if op_type == "reduce_mean":
+                count = np.intp(np.prod([shape[axis] for axis in axes]))
+                made, expected = mean_of(made, count), np.mean(values, axis=axes, keepdims=True)
+            else:
+                expected = wrapped[op_type](values, axis=axes, keepdims=True)
+            assert made.dtype == expected.dtype == np.float32
+            assert made.tobytes() == expected.tobytes(), op_type
+
+
+def reductions_program():
+    @mb.program(input_specs=[mb.TensorSpec((2, 3, 40), types.fp16)], opset_version=ct.target.iOS18)
+    def reduce(x):
+        return (
+            mb.reduce_mean(x=x, axes=[2], keep_dims=True),
+            mb.reduce_mean(x=x, axes=[0, 2], keep_dims=True),
+            mb.reduce_max(x=x, axes=[1], keep_dims=True),
+            mb.reduce_min(x=x, axes=[-1], keep_dims=True),
+            mb.reduce_sum(x=x, axes=[2], keep_dims=True),
+            mb.reduce_mean(x=x, axes=[2], keep_dims=False),
+        )
+
+    return reduce
+
+
+def test_compiled_reductions_give_the_loops_bits() -> None:
+    program = reductions_program()
+    x = (np.random.default_rng(11).standard_normal((2, 3, 40)) * 300).astype(np.float16)
+    compiled, loop = Interpreter(program), Interpreter(program)
+    loop.compile_steps = False
+    made, expected = compiled.run({"x": x}), loop.run({"x": x})
+    assert ran_compiled(compiled) and not ran_compiled(loop)
+    assert "mean_of(" in compiled._compiled[True].source  # the direct calls were taken
+    for name, value in expected.items():
+        assert made[name].dtype == value.dtype == np.float16
+        assert made[name].tobytes() == value.tobytes(), name

@@ -8,11 +8,12 @@ import gc
 
 import coremltools as ct
 import numpy as np
+import pytest
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.mil import types
 
 from decodebench.mil import shadows
-from decodebench.mil.interpreter import Interpreter
+from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.plan import READ_STATE_SHARED, SLICE_UPDATE_IN_PLACE
 
 RNG = np.random.default_rng(3)
@@ -74,3 +75,48 @@ def test_a_replaced_or_dropped_state_loses_its_shadow() -> None:
     wide = np.zeros(CACHE, np.float32)
     shadows.track(wide)  # only fp16 storage has one
     assert shadows.shadow(wide) is None
+
+
+def test_a_cache_checked_whole_stays_known_finite_only_while_finite_slices_are_written() -> None:
+    storage = np.zeros(CACHE, np.float16)
+    shadows.track(storage)
+    assert not shadows.known_finite(storage)  # nothing checked yet
+    shadows.mark_finite(storage)
+    assert shadows.known_finite(storage)
+    assert not shadows.known_finite(storage.copy())  # another array is not the storage
+    index = (0, 0, slice(2, 3), slice(None))
+    storage[index] = 1.5
+    shadows.write(storage, index)
+    assert shadows.known_finite(storage)
+    wide = shadows.shadow(storage)
+    assert wide is not None and wide.tobytes() == storage.astype(np.float32).tobytes()
+    storage[index] = np.inf
+    shadows.write(storage, index)
+    assert not shadows.known_finite(storage)
+    shadows.mark_finite(storage)
+    shadows.forget(storage)
+    assert not shadows.known_finite(storage)
+
+
+def test_a_nan_written_into_a_cache_known_finite_is_still_named_as_before(monkeypatch) -> None:
+    """A cache once checked whole is not scanned again at every read; a NaN written into it
+    later is still found, at the same op and with the same message as the op-by-op loop."""
+    program = attention_step()
+    messages = []
+    for compiled in (True, False):
+        monkeypatch.setattr(Interpreter, "compile_steps", compiled)
+        interpreter = Interpreter(program)
+        states = interpreter.new_states()
+        rows = RNG.standard_normal((3, 1, 1, 1, 4)).astype(np.float16)
+        for position, row in enumerate(rows):
+            interpreter.run({"p": np.array([position], np.int32), "row": row}, states)
+        if compiled:
+            assert shadows.known_finite(states["keys"])
+        bad = rows[0].copy()
+        bad[..., 1] = np.nan
+        with pytest.raises(NonFiniteError) as raised:
+            interpreter.run({"p": np.array([3], np.int32), "row": bad}, states)
+        messages.append(str(raised.value))
+        assert not shadows.known_finite(states["keys"])
+    assert messages[0] == messages[1]
+    assert "NaN" in messages[0]
