@@ -11,6 +11,12 @@ interpreter on
   build): the tokens, and a SHA-256 of every position's logits;
 
 and writes them to ``tests/data/interpreter_pins.npz`` and ``interpreter_pins.json``.
+
+OpenBLAS picks its kernels by the CPU it finds, and kernels of another family sum a product in
+another order: on a CPU with AVX-512 its SkylakeX kernels make 7 of SmolLM2's 16 logit rows differ
+from the Haswell kernels' in the last bit, with the same tokens. So SmolLM2 is decoded, to pin and
+to check, in a process of its own with ``OPENBLAS_CORETYPE=Haswell`` (read when NumPy loads
+OpenBLAS): the pin holds the interpreter's numerics, not the host's choice of kernels.
 ``tests/decodebench/mil/test_interpreter_equality.py`` runs the same programs and asks for the same bits.
 """
 
@@ -103,12 +109,34 @@ def smollm2_package() -> Path:
     return Path(built.stdout.strip().splitlines()[-1])
 
 
+PIN_BLAS_CORE = "Haswell"
+
+
+def decode_smollm2() -> dict[str, Any]:
+    """SmolLM2's tokens and logit digests, decoded with OpenBLAS's ``PIN_BLAS_CORE`` kernels."""
+    import os
+    import subprocess
+    import sys
+
+    package = smollm2_package()
+    command = [sys.executable, "-m", "tests.support.interpreter_pins", "--decode", str(package)]
+    env = {**os.environ, "OPENBLAS_CORETYPE": PIN_BLAS_CORE, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 def main() -> int:
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smollm2", action="store_true", help="pin SmolLM2-135M too (slow)")
+    parser.add_argument("--decode", metavar="PKG", help="print SmolLM2's pinned decode of PKG")
     args = parser.parse_args()
+    if args.decode:
+        tokens, logits = decode(Path(args.decode), SMOLLM2_PROMPT, SMOLLM2_STEPS)
+        print(json.dumps({"tokens": tokens, "logits_sha256": digest(logits)}))
+        return 0
     arrays: dict[str, np.ndarray] = {}
     summary: dict[str, Any] = {"ops": [], "packages": {}}
     for name, build, inputs in op_cases():
@@ -127,8 +155,7 @@ def main() -> int:
             arrays[f"package/{key}"] = logits
             summary["packages"][key] = {"tokens": tokens}
     if args.smollm2:
-        tokens, logits = decode(smollm2_package(), SMOLLM2_PROMPT, SMOLLM2_STEPS)
-        summary["smollm2"] = {"tokens": tokens, "logits_sha256": digest(logits)}
+        summary["smollm2"] = decode_smollm2()
     elif SUMMARY.is_file():  # keep the SmolLM2 pin made earlier
         kept = json.loads(SUMMARY.read_text()).get("smollm2")
         if kept:

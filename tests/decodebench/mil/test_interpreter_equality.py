@@ -61,6 +61,6 @@ def test_smollm2_tokens_and_logits_are_bit_identical() -> None:
     expected = SUMMARY.get("smollm2")
     if expected is None:
         pytest.skip("no SmolLM2 pin (python -m tests.support.interpreter_pins --smollm2)")
-    tokens, logits = pins.decode(pins.smollm2_package(), pins.SMOLLM2_PROMPT, pins.SMOLLM2_STEPS)
-    assert tokens == expected["tokens"]
-    assert pins.digest(logits) == expected["logits_sha256"]
+    found = pins.decode_smollm2()  # in a process of its own, on the pinned BLAS kernels
+    assert found["tokens"] == expected["tokens"]
+    assert found["logits_sha256"] == expected["logits_sha256"]
