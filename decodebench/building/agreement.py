@@ -3,7 +3,9 @@
 :class:`PackageDecoder` runs one of decodebench's own packages in the reference interpreter with
 either KV mode: with ``kv="state"`` the cache is the program's states; with ``kv="input"`` this
 host keeps it, feeds it in and writes each step's new K and V (``key_{i}`` / ``value_{i}``) at
-the step's position, as the device harness does. Every op is checked for non-finite values.
+the step's position, as the device harness does. A package made elsewhere that passes its whole
+caches in and out (the older converters' layout) is driven by
+:class:`decodebench.mil.cache_io.CacheIoSession`. Every op is checked for non-finite values.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from decodebench.mil.cache_io import cache_pairs, decode_session
 from decodebench.mil.inputs import recognise
+from decodebench.mil.session import Session
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import MilError, load_package
 from decodebench.mil.verify import DecodeSession
@@ -27,14 +31,22 @@ class PackageDecoder:
 
     def __init__(self, package: Path | str) -> None:
         self.interpreter = Interpreter(load_package(package).program)
-        self.session: DecodeSession | None = None
+        self.session: DecodeSession | Session | None = None
         self.caches: dict[str, np.ndarray] = {}
         if self.interpreter.states:
             self.session = DecodeSession(self.interpreter, recognise(self.interpreter))
             return
         names = [name for name in self.interpreter.inputs if name.startswith(CACHE_PREFIXES)]
+        if (not names or "input_ids" not in self.interpreter.inputs) and cache_pairs(
+            self.interpreter
+        ):
+            self.session = decode_session(self.interpreter, str(package))
+            return
         if not names or "input_ids" not in self.interpreter.inputs:
-            raise MilError(f"{package}: neither KV states nor key_cache_/value_cache_ inputs")
+            raise MilError(
+                f"{package}: neither KV states, key_cache_/value_cache_ inputs, nor caches "
+                "passed in and out whole"
+            )
         self.cache_names = names
         self.context = self.interpreter.inputs[names[0]].shape[-2]
 

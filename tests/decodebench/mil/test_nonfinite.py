@@ -114,3 +114,24 @@ def test_build_refuses_to_publish_a_non_finite_package(decode_packages) -> None:
     with pytest.raises(BuildError, match=r"not published: .*'logits' \(mul -> logits\)"):
         check_finite_decode(decode_packages["overflows"])
     assert load_package(decode_packages["overflows"])  # the check only reads
+
+
+def test_build_check_drives_a_package_with_kv_as_inputs_and_outputs(
+    massive_llama_io_package, massive_llama_package, tmp_path
+) -> None:  # noqa: ANN001
+    """The older layout (whole caches in and out) is driven, not refused: its overflow is named,
+    and once repaired it decodes the stateful package's tokens."""
+    from decodebench.building.agreement import PackageDecoder
+    from decodebench.mil.repair import repair_mlpackage
+
+    with pytest.raises(BuildError, match="not finite.*pow"):
+        check_finite_decode(massive_llama_io_package)
+    prompts = [[5, 9, 3, 7]]
+    repaired = {}
+    for name, package in (("io", massive_llama_io_package), ("state", massive_llama_package)):
+        target = tmp_path / f"{name}.mlpackage"
+        report = repair_mlpackage(package, target, prompts, 3)
+        assert report.applied == ["norms"]
+        check_finite_decode(target)
+        repaired[name] = PackageDecoder(target).greedy(prompts[0], 6)
+    assert repaired["io"] == repaired["state"]
