@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict
 
 from decodebench.mil.cache_io import cache_pairs, decode_session
 from decodebench.mil.inputs import recognise
-from decodebench.mil.session import Session
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import MilError, load_package
+from decodebench.mil.session import Session
 from decodebench.mil.verify import DecodeSession
 
 CACHE_PREFIXES = ("key_cache_", "value_cache_")
