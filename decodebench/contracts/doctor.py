@@ -109,6 +109,8 @@ class NonFinite(Report):
     label: str
     prompt: int
     message: str
+    # The prefill function it came from (its name starts the label); None: the decode function.
+    function: str | None = None
 
 
 class HeadroomReport(Report):
@@ -119,6 +121,10 @@ class HeadroomReport(Report):
     hazards: list[Hazard]
     first_non_finite: NonFinite | None
     reference_tokens: list[list[int]]
+    # The function a token decodes through, and the prefill function (sharing its states) each
+    # prompt went through, if the package has one. The peaks are the decode function's only.
+    decode_function: str = "main"
+    prefill_function: str | None = None
 
     @property
     def overflows(self) -> list[Hazard]:
@@ -230,6 +236,10 @@ class RepairReport(Report):
     applied: list[str]
     refused: dict[str, str]
     reference_tokens: list[list[int]]
+    # The decode function, and the prefill function every prompt of the proof went through
+    # (for the reference and each candidate, as a phone runs the prompt), if there is one.
+    decode_function: str = "main"
+    prefill_function: str | None = None
 
     @property
     def result(self) -> Agreement:

@@ -22,6 +22,7 @@ import numpy as np
 from decodebench.contracts.doctor import FP16_MAX, Hazard, HeadroomReport, NonFinite
 from decodebench.mil.anatomy import Place, describe
 from decodebench.mil.cache_io import Session, decode_session
+from decodebench.mil.functions import decode_function, prefill_function
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import load_package
 from decodebench.mil.widen import widen_program
@@ -104,16 +105,37 @@ def find_hazards(
     return hazards
 
 
-def name_non_finite(error: NonFiniteError, places: Mapping[str, Place], prompt: int) -> NonFinite:
-    """A non-finite value the fp16 program produced, named by layer and role."""
+def name_non_finite(
+    error: NonFiniteError,
+    places: Mapping[str, Place],
+    prompt: int,
+    prefill: str | None = None,
+) -> NonFinite:
+    """A non-finite value the fp16 program produced, named by layer and role.
+
+    ``prefill``: the name of the program's prefill function when ``error`` came from it
+    (``places`` are then that function's); the label starts with it.
+    """
     place = _place(places, error.op_name)
     return NonFinite(
         op=error.op_name,
         op_type=error.op_type,
-        label=place.label,
+        label=place.label if prefill is None else f"{prefill} · {place.label}",
         prompt=prompt,
         message=str(error),
+        function=prefill,
     )
+
+
+def error_label(
+    error: NonFiniteError, places: Mapping[str, Mapping[str, Place]], decode: str
+) -> tuple[str, str | None]:
+    """(label, prefill function or None) of a non-finite value, from ``places`` by function."""
+    function = error.function if error.function is not None and error.function in places else decode
+    place = _place(places.get(function, {}), error.op_name)
+    if function == decode:
+        return place.label, None
+    return f"{function} · {place.label}", function
 
 
 def op_types(function: Any) -> dict[str, str]:
@@ -128,11 +150,15 @@ def measure_headroom(
 ) -> HeadroomReport:
     """The fp32 run's peaks and the fp16 run's first non-finite op, over ``prompts``, as two
     runs of their own (the doctor takes both from its one pass, :mod:`decodebench.mil.repair`)."""
-    wide = load_package(path).program
+    loaded = load_package(path)
+    wide = loaded.program
     widen_program(wide)
-    recorder = PeakRecorder(wide)
+    decode = decode_function(loaded.spec, wide)
+    prefill = prefill_function(wide, decode)
+    recorder = PeakRecorder(wide, decode)
     places = describe(recorder.function)
-    session = decode_session(recorder, str(path))
+    prefill_interpreter = None if prefill is None else Interpreter(wide, prefill)
+    session = decode_session(recorder, str(path), prefill=prefill_interpreter)
     per_prompt: list[dict[str, float]] = []
     reference: list[list[int]] = []
     for prompt in prompts:
@@ -147,6 +173,8 @@ def measure_headroom(
         hazards=find_hazards(per_prompt, places, op_types(recorder.function), margin),
         first_non_finite=first_non_finite(path, prompts, steps),
         reference_tokens=reference,
+        decode_function=decode,
+        prefill_function=prefill,
     )
 
 
@@ -154,15 +182,20 @@ def first_non_finite(
     path: Path | str, prompts: Sequence[Sequence[int]], steps: int
 ) -> NonFinite | None:
     """The first op producing a non-finite value when the fp16 program decodes the prompts."""
-    program = load_package(path).program
-    interpreter = Interpreter(program)
-    session = decode_session(interpreter, str(path))
-    places = describe(interpreter.function)
+    loaded = load_package(path)
+    program = loaded.program
+    decode = decode_function(loaded.spec, program)
+    prefill = prefill_function(program, decode)
+    interpreter = Interpreter(program, decode)
+    prefill_interpreter = None if prefill is None else Interpreter(program, prefill)
+    session = decode_session(interpreter, str(path), prefill=prefill_interpreter)
+    places = {name: describe(function) for name, function in program.functions.items()}
     for index, prompt in enumerate(prompts):
         try:
             _greedy(session, prompt, steps)
         except NonFiniteError as error:
-            return name_non_finite(error, places, index)
+            _label, function = error_label(error, places, decode)
+            return name_non_finite(error, places[function or decode], index, function)
     return None
 
 
