@@ -217,11 +217,15 @@ def convert_multifunction(
     context: int = 64,
     chunk: int = 4,
     names: tuple[str, str] = ("decode", "prefill"),
+    prefill_model: Any | None = None,
 ) -> None:
     """``model`` as coremltools' multifunction save makes it: two conversions of the same
     weights (the recipe's one-token decode step, and a prefill step of ``chunk`` tokens whose
     causal mask is built in the graph from ``position``), merged into one package whose
-    functions are ``names`` (decode first, the default), sharing the KV states."""
+    functions are ``names`` (decode first, the default), sharing the KV states.
+
+    ``prefill_model``: another model of the same shape for the prefill function (a package
+    whose prefill misbehaves where its decode step does not)."""
     import coremltools as ct
     import torch
 
@@ -252,7 +256,7 @@ def convert_multifunction(
     with tempfile.TemporaryDirectory() as staging:
         parts = {decode_name: Path(staging) / "decode.mlpackage"}
         convert_decode_step(StaticCacheDecodeStep(model, context)).save(str(parts[decode_name]))
-        prefill = PrefillStep(model, context).eval()
+        prefill = PrefillStep(prefill_model or model, context).eval()
         compat.install()
         example = (torch.zeros((1, chunk), dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
         traced = coreml_compat.trace(prefill, example)
