@@ -86,6 +86,8 @@ class Hazard(Report):
     overflow_prompts: int
     close_prompts: int
     prompts: int
+    # The prefill function the op belongs to (its name starts the label); None: decode's.
+    function: str | None = None
 
     @property
     def overflows(self) -> bool:
@@ -122,7 +124,7 @@ class HeadroomReport(Report):
     first_non_finite: NonFinite | None
     reference_tokens: list[list[int]]
     # The function a token decodes through, and the prefill function (sharing its states) each
-    # prompt went through, if the package has one. The peaks are the decode function's only.
+    # prompt went through, if the package has one; its ops' peaks are hazards of their own.
     decode_function: str = "main"
     prefill_function: str | None = None
 

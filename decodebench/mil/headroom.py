@@ -79,12 +79,17 @@ def find_hazards(
     places: Mapping[str, Place],
     types: Mapping[str, str],
     margin: float = DEFAULT_MARGIN,
+    prefill: str | None = None,
 ) -> list[Hazard]:
     """The ops whose largest |value| (per prompt, in program order) comes within ``margin`` of
-    fp16's largest value or passes it, named by layer and role."""
+    fp16's largest value or passes it, named by layer and role.
+
+    ``prefill``: the peaks are that prefill function's ops (its name starts each label).
+    """
     threshold = FP16_MAX / margin
     hazards = []
-    for name in per_prompt[0] if per_prompt else {}:
+    names = dict.fromkeys(name for found in per_prompt for name in found)
+    for name in names:
         peaks = [found.get(name, 0.0) for found in per_prompt]
         if max(peaks) <= threshold:
             continue
@@ -93,13 +98,14 @@ def find_hazards(
             Hazard(
                 op=name,
                 op_type=types.get(name, "?"),
-                label=place.label,
+                label=place.label if prefill is None else f"{prefill} · {place.label}",
                 layer=place.layer,
                 role=place.role,
                 peak=max(peaks),
                 overflow_prompts=sum(peak > FP16_MAX for peak in peaks),
                 close_prompts=sum(peak > threshold for peak in peaks),
                 prompts=len(per_prompt),
+                function=prefill,
             )
         )
     return hazards
@@ -157,20 +163,31 @@ def measure_headroom(
     prefill = prefill_function(wide, decode)
     recorder = PeakRecorder(wide, decode)
     places = describe(recorder.function)
-    prefill_interpreter = None if prefill is None else Interpreter(wide, prefill)
-    session = decode_session(recorder, str(path), prefill=prefill_interpreter)
+    prefill_recorder = None if prefill is None else PeakRecorder(wide, prefill)
+    session = decode_session(recorder, str(path), prefill=prefill_recorder)
     per_prompt: list[dict[str, float]] = []
+    per_prompt_prefill: list[dict[str, float]] = []
     reference: list[list[int]] = []
     for prompt in prompts:
         recorder.peaks = {}
+        if prefill_recorder is not None:
+            prefill_recorder.peaks = {}
         reference.append(_greedy(session, prompt, steps))
         per_prompt.append(recorder.peaks)
+        if prefill_recorder is not None:
+            per_prompt_prefill.append(prefill_recorder.peaks)
+    hazards = find_hazards(per_prompt, places, op_types(recorder.function), margin)
+    if prefill_recorder is not None:
+        function = prefill_recorder.function
+        hazards += find_hazards(
+            per_prompt_prefill, describe(function), op_types(function), margin, prefill
+        )
     return HeadroomReport(
         package=str(path),
         prompts=len(prompts),
         steps=steps,
         margin=margin,
-        hazards=find_hazards(per_prompt, places, op_types(recorder.function), margin),
+        hazards=hazards,
         first_non_finite=first_non_finite(path, prompts, steps),
         reference_tokens=reference,
         decode_function=decode,
@@ -208,7 +225,9 @@ def overflowing_layers(report: HeadroomReport) -> str:
             runs[-1] = f"{runs[-1].split('-')[0]}-{layer}"
         else:
             runs.append(str(layer))
-    sections = sorted({h.label.split(" · ")[0] for h in report.overflows if h.layer is None})
+    sections = sorted(
+        {h.label.split(" · ")[h.function is not None] for h in report.overflows if h.layer is None}
+    )
     parts = [f"layers {', '.join(runs)}" if runs else "", *(f"the {name}" for name in sections)]
     parts = [part for part in parts if part]
     return " and ".join(parts) if parts else "none"

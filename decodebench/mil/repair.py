@@ -262,11 +262,14 @@ class Cure:
         widen_program(reference.program)
         self.recorder = PeakRecorder(reference.program, self.decode) if record_peaks else None
         interpreter = self.recorder or Interpreter(reference.program, self.decode)
-        self.reference = decode_session(
-            interpreter,
-            f"{self.source} (fp32)",
-            prefill=None if self.prefill is None else Interpreter(reference.program, self.prefill),
-        )
+        self.prefill_recorder: PeakRecorder | None = None
+        prefill: Interpreter | None = None
+        if self.prefill is not None:
+            if record_peaks:
+                prefill = self.prefill_recorder = PeakRecorder(reference.program, self.prefill)
+            else:
+                prefill = Interpreter(reference.program, self.prefill)
+        self.reference = decode_session(interpreter, f"{self.source} (fp32)", prefill=prefill)
         interface = self.reference.interface
         longest = max(len(prompt) for prompt in self.prompts)
         if longest + steps > interface.context:
@@ -326,6 +329,7 @@ class Cure:
             sessions[TRANSFORMERS] = self.checkpoint
             pairs = [(TRANSFORMERS, REFERENCE)] + [(TRANSFORMERS, name) for name in self.packages]
         per_prompt: list[dict[str, float]] = []
+        per_prompt_prefill: list[dict[str, float]] = []
         started = last = time.monotonic()
 
         def done(index: int) -> None:
@@ -333,6 +337,9 @@ class Cure:
             if self.recorder is not None:
                 per_prompt.append(self.recorder.peaks)
                 self.recorder.peaks = {}
+            if self.prefill_recorder is not None:
+                per_prompt_prefill.append(self.prefill_recorder.peaks)
+                self.prefill_recorder.peaks = {}
             now = time.monotonic()
             positions = len(self.prompts[index]) + self.steps - 1
             say(
@@ -353,6 +360,8 @@ class Cure:
         )
         if self.recorder is not None:
             self.recorder.peaks = {}
+        if self.prefill_recorder is not None:
+            self.prefill_recorder.peaks = {}
         proof = prove(
             self.reference,
             sessions,
@@ -364,14 +373,29 @@ class Cure:
         )
         repair = self._decide(proof)
         seconds = {"proof": round(time.monotonic() - started, 3)}
-        cured = Cured(repair=repair, headroom=self._headroom(proof, per_prompt), seconds=seconds)
+        headroom = self._headroom(proof, per_prompt, per_prompt_prefill)
+        cured = Cured(repair=repair, headroom=headroom, seconds=seconds)
         if self.checkpoint is not None:
             cured.checkpoint = self._checkpoint(proof, repair, sessions, say)
         return cured
 
-    def _headroom(self, proof: Proof, per_prompt: list[dict[str, float]]) -> HeadroomReport | None:
+    def _headroom(
+        self,
+        proof: Proof,
+        per_prompt: list[dict[str, float]],
+        per_prompt_prefill: list[dict[str, float]],
+    ) -> HeadroomReport | None:
         if self.recorder is None:
             return None
+        hazards = find_hazards(
+            per_prompt, self.places, op_types(self.recorder.function), self.margin
+        )
+        if self.prefill_recorder is not None and self.prefill is not None:
+            function = self.prefill_recorder.function
+            places = self.places_by_function[self.prefill]
+            hazards += find_hazards(
+                per_prompt_prefill, places, op_types(function), self.margin, self.prefill
+            )
         broken = proof.errors["original"]
         first = min(broken, default=None)
         first_non_finite = None
@@ -384,9 +408,7 @@ class Cure:
             prompts=len(self.prompts),
             steps=self.steps,
             margin=self.margin,
-            hazards=find_hazards(
-                per_prompt, self.places, op_types(self.recorder.function), self.margin
-            ),
+            hazards=hazards,
             first_non_finite=first_non_finite,
             reference_tokens=proof.tokens,
             decode_function=self.decode,

@@ -110,6 +110,10 @@ def test_doctor_cures_a_coremltools_multifunction_package(
         for row in report.repair.original.prompts
     )
     assert {hazard.layer for hazard in report.headroom.overflows} == {1, 2, None}
+    # The fp32 run's peaks are recorded in both functions, each named with its function.
+    assert {hazard.function for hazard in report.headroom.overflows} == {None, "prefill"}
+    labels = [hazard.label for hazard in report.headroom.overflows]
+    assert NORM in labels and f"prefill · {NORM}" in labels
     assert report.repair.applied[0] == "norms" and report.repair.result.share == 1.0
     # The checkpoint is the package's own model: transformers fp32 decodes the same tokens.
     assert report.checkpoint is not None and report.checkpoint.repaired.share == 1.0
@@ -138,6 +142,7 @@ def test_an_overflow_only_the_prefill_function_makes_is_caught_and_repaired(
     norms overflow: a proof that stepped the prompt through the decode function would find
     nothing wrong."""
     from decodebench.mil.doctor import doctor
+    from decodebench.mil.headroom import measure_headroom
     from decodebench.mil.program import quiet_coremltools
     from decodebench.mil.repair import prove
     from decodebench.mil.verify import open_session
@@ -154,6 +159,7 @@ def test_an_overflow_only_the_prefill_function_makes_is_caught_and_repaired(
             prefill_model=tiny_llama_with_massive_channel(),
         )
         report = doctor(package, tmp_path / "cured.mlpackage", PROMPTS, 4)
+        separate = measure_headroom(package, PROMPTS, 4)  # its own fp32 and fp16 runs
         # The same decode function alone, prompts stepped: no non-finite value anywhere.
         alone = open_session(package)
         alone.prefill_interpreter = None  # type: ignore[attr-defined]
@@ -169,6 +175,13 @@ def test_an_overflow_only_the_prefill_function_makes_is_caught_and_repaired(
     # Prompts 0 and 2 hold a chunk: overflow at step 0. Prompt 1 is shorter than a chunk.
     assert [row.non_finite is not None for row in rows] == [True, False, True]
     assert [row.first_divergent_step for row in rows] == [0, None, 0]
+    # Only the prefill function's ops overflow, on the two prompts it ran.
+    overflows = report.headroom.overflows
+    assert overflows and {hazard.function for hazard in overflows} == {"prefill_chunk"}
+    assert all(hazard.label.startswith("prefill_chunk · ") for hazard in overflows)
+    assert max(hazard.overflow_prompts for hazard in overflows) == 2
+    assert separate.hazards == report.headroom.hazards
+    assert separate.first_non_finite == report.headroom.first_non_finite
     assert report.repair.applied[0] == "norms" and report.repair.result.share == 1.0
 
 
