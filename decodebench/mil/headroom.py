@@ -239,6 +239,11 @@ def render(report: HeadroomReport, overflows_shown: int | None = None) -> list[s
         f"fp16 headroom of {report.package}: {report.prompts} prompts x {report.steps} steps, "
         f"its own fp32 run"
     ]
+    if report.prefill_function is not None:
+        lines.append(
+            f"  functions: each prompt through {report.prefill_function!r}, tokens through "
+            f"{report.decode_function!r} (the ops of both are watched)"
+        )
     if report.first_non_finite is not None:
         found = report.first_non_finite
         lines.append(

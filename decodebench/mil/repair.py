@@ -546,6 +546,12 @@ def render(report: RepairReport) -> str:
     lines.append(
         f"  proof          against the package's own fp32 run, {report.prompts} prompts x "
         f"{report.steps} greedy steps"
+        + (
+            f", each prompt through its {report.prefill_function!r} function, then "
+            f"{report.decode_function!r}"
+            if report.prefill_function is not None
+            else ""
+        )
     )
     for agreement in [report.original, *report.candidates]:
         lines.append(f"    {agreement.candidate:12} {agreement.summary()}")
