@@ -260,6 +260,7 @@ class Cure:
         self.decode = decode_function(original.spec, original.program)
         self.prefill = prefill_function(original.program, self.decode)
         widen_program(reference.program)
+        self.wide = reference.program
         self.recorder = PeakRecorder(reference.program, self.decode) if record_peaks else None
         interpreter = self.recorder or Interpreter(reference.program, self.decode)
         self.prefill_recorder: PeakRecorder | None = None
