@@ -86,6 +86,8 @@ class Hazard(Report):
     overflow_prompts: int
     close_prompts: int
     prompts: int
+    # The prefill function the op belongs to (its name starts the label); None: decode's.
+    function: str | None = None
 
     @property
     def overflows(self) -> bool:
@@ -109,6 +111,8 @@ class NonFinite(Report):
     label: str
     prompt: int
     message: str
+    # The prefill function it came from (its name starts the label); None: the decode function.
+    function: str | None = None
 
 
 class HeadroomReport(Report):
@@ -119,6 +123,10 @@ class HeadroomReport(Report):
     hazards: list[Hazard]
     first_non_finite: NonFinite | None
     reference_tokens: list[list[int]]
+    # The function a token decodes through, and the prefill function (sharing its states) each
+    # prompt went through, if the package has one; its ops' peaks are hazards of their own.
+    decode_function: str = "main"
+    prefill_function: str | None = None
 
     @property
     def overflows(self) -> list[Hazard]:
@@ -230,6 +238,10 @@ class RepairReport(Report):
     applied: list[str]
     refused: dict[str, str]
     reference_tokens: list[list[int]]
+    # The decode function, and the prefill function every prompt of the proof went through
+    # (for the reference and each candidate, as a phone runs the prompt), if there is one.
+    decode_function: str = "main"
+    prefill_function: str | None = None
 
     @property
     def result(self) -> Agreement:

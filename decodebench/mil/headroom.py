@@ -22,6 +22,7 @@ import numpy as np
 from decodebench.contracts.doctor import FP16_MAX, Hazard, HeadroomReport, NonFinite
 from decodebench.mil.anatomy import Place, describe
 from decodebench.mil.cache_io import Session, decode_session
+from decodebench.mil.functions import decode_function, prefill_function
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import load_package
 from decodebench.mil.widen import widen_program
@@ -78,12 +79,17 @@ def find_hazards(
     places: Mapping[str, Place],
     types: Mapping[str, str],
     margin: float = DEFAULT_MARGIN,
+    prefill: str | None = None,
 ) -> list[Hazard]:
     """The ops whose largest |value| (per prompt, in program order) comes within ``margin`` of
-    fp16's largest value or passes it, named by layer and role."""
+    fp16's largest value or passes it, named by layer and role.
+
+    ``prefill``: the peaks are that prefill function's ops (its name starts each label).
+    """
     threshold = FP16_MAX / margin
     hazards = []
-    for name in per_prompt[0] if per_prompt else {}:
+    names = dict.fromkeys(name for found in per_prompt for name in found)
+    for name in names:
         peaks = [found.get(name, 0.0) for found in per_prompt]
         if max(peaks) <= threshold:
             continue
@@ -92,28 +98,50 @@ def find_hazards(
             Hazard(
                 op=name,
                 op_type=types.get(name, "?"),
-                label=place.label,
+                label=place.label if prefill is None else f"{prefill} · {place.label}",
                 layer=place.layer,
                 role=place.role,
                 peak=max(peaks),
                 overflow_prompts=sum(peak > FP16_MAX for peak in peaks),
                 close_prompts=sum(peak > threshold for peak in peaks),
                 prompts=len(per_prompt),
+                function=prefill,
             )
         )
     return hazards
 
 
-def name_non_finite(error: NonFiniteError, places: Mapping[str, Place], prompt: int) -> NonFinite:
-    """A non-finite value the fp16 program produced, named by layer and role."""
+def name_non_finite(
+    error: NonFiniteError,
+    places: Mapping[str, Place],
+    prompt: int,
+    prefill: str | None = None,
+) -> NonFinite:
+    """A non-finite value the fp16 program produced, named by layer and role.
+
+    ``prefill``: the name of the program's prefill function when ``error`` came from it
+    (``places`` are then that function's); the label starts with it.
+    """
     place = _place(places, error.op_name)
     return NonFinite(
         op=error.op_name,
         op_type=error.op_type,
-        label=place.label,
+        label=place.label if prefill is None else f"{prefill} · {place.label}",
         prompt=prompt,
         message=str(error),
+        function=prefill,
     )
+
+
+def error_label(
+    error: NonFiniteError, places: Mapping[str, Mapping[str, Place]], decode: str
+) -> tuple[str, str | None]:
+    """(label, prefill function or None) of a non-finite value, from ``places`` by function."""
+    function = error.function if error.function is not None and error.function in places else decode
+    place = _place(places.get(function, {}), error.op_name)
+    if function == decode:
+        return place.label, None
+    return f"{function} · {place.label}", function
 
 
 def op_types(function: Any) -> dict[str, str]:
@@ -128,25 +156,42 @@ def measure_headroom(
 ) -> HeadroomReport:
     """The fp32 run's peaks and the fp16 run's first non-finite op, over ``prompts``, as two
     runs of their own (the doctor takes both from its one pass, :mod:`decodebench.mil.repair`)."""
-    wide = load_package(path).program
+    loaded = load_package(path)
+    wide = loaded.program
     widen_program(wide)
-    recorder = PeakRecorder(wide)
+    decode = decode_function(loaded.spec, wide)
+    prefill = prefill_function(wide, decode)
+    recorder = PeakRecorder(wide, decode)
     places = describe(recorder.function)
-    session = decode_session(recorder, str(path))
+    prefill_recorder = None if prefill is None else PeakRecorder(wide, prefill)
+    session = decode_session(recorder, str(path), prefill=prefill_recorder)
     per_prompt: list[dict[str, float]] = []
+    per_prompt_prefill: list[dict[str, float]] = []
     reference: list[list[int]] = []
     for prompt in prompts:
         recorder.peaks = {}
+        if prefill_recorder is not None:
+            prefill_recorder.peaks = {}
         reference.append(_greedy(session, prompt, steps))
         per_prompt.append(recorder.peaks)
+        if prefill_recorder is not None:
+            per_prompt_prefill.append(prefill_recorder.peaks)
+    hazards = find_hazards(per_prompt, places, op_types(recorder.function), margin)
+    if prefill_recorder is not None:
+        function = prefill_recorder.function
+        hazards += find_hazards(
+            per_prompt_prefill, describe(function), op_types(function), margin, prefill
+        )
     return HeadroomReport(
         package=str(path),
         prompts=len(prompts),
         steps=steps,
         margin=margin,
-        hazards=find_hazards(per_prompt, places, op_types(recorder.function), margin),
+        hazards=hazards,
         first_non_finite=first_non_finite(path, prompts, steps),
         reference_tokens=reference,
+        decode_function=decode,
+        prefill_function=prefill,
     )
 
 
@@ -154,15 +199,20 @@ def first_non_finite(
     path: Path | str, prompts: Sequence[Sequence[int]], steps: int
 ) -> NonFinite | None:
     """The first op producing a non-finite value when the fp16 program decodes the prompts."""
-    program = load_package(path).program
-    interpreter = Interpreter(program)
-    session = decode_session(interpreter, str(path))
-    places = describe(interpreter.function)
+    loaded = load_package(path)
+    program = loaded.program
+    decode = decode_function(loaded.spec, program)
+    prefill = prefill_function(program, decode)
+    interpreter = Interpreter(program, decode)
+    prefill_interpreter = None if prefill is None else Interpreter(program, prefill)
+    session = decode_session(interpreter, str(path), prefill=prefill_interpreter)
+    places = {name: describe(function) for name, function in program.functions.items()}
     for index, prompt in enumerate(prompts):
         try:
             _greedy(session, prompt, steps)
         except NonFiniteError as error:
-            return name_non_finite(error, places, index)
+            _label, function = error_label(error, places, decode)
+            return name_non_finite(error, places[function or decode], index, function)
     return None
 
 
@@ -175,7 +225,9 @@ def overflowing_layers(report: HeadroomReport) -> str:
             runs[-1] = f"{runs[-1].split('-')[0]}-{layer}"
         else:
             runs.append(str(layer))
-    sections = sorted({h.label.split(" · ")[0] for h in report.overflows if h.layer is None})
+    sections = sorted(
+        {h.label.split(" · ")[h.function is not None] for h in report.overflows if h.layer is None}
+    )
     parts = [f"layers {', '.join(runs)}" if runs else "", *(f"the {name}" for name in sections)]
     parts = [part for part in parts if part]
     return " and ".join(parts) if parts else "none"
@@ -187,6 +239,11 @@ def render(report: HeadroomReport, overflows_shown: int | None = None) -> list[s
         f"fp16 headroom of {report.package}: {report.prompts} prompts x {report.steps} steps, "
         f"its own fp32 run"
     ]
+    if report.prefill_function is not None:
+        lines.append(
+            f"  functions: each prompt through {report.prefill_function!r}, tokens through "
+            f"{report.decode_function!r} (the ops of both are watched)"
+        )
     if report.first_non_finite is not None:
         found = report.first_non_finite
         lines.append(

@@ -66,10 +66,13 @@ class InterpreterError(MilError):
 class NonFiniteError(InterpreterError):
     """An op produced NaN, or an infinity none of its inputs held (an fp16 overflow)."""
 
-    def __init__(self, message: str, op_name: str, op_type: str) -> None:
+    def __init__(
+        self, message: str, op_name: str, op_type: str, function: str | None = None
+    ) -> None:
         super().__init__(message)
         self.op_name = op_name
         self.op_type = op_type
+        self.function = function  # the program's function that produced it, when known
 
 
 @dataclass(frozen=True)
@@ -417,6 +420,7 @@ class Interpreter:
             f"{count} of {array.size} values of {var.name!r} are not finite",
             step.op.name,
             step.op.op_type,
+            self.function_name,
         )
 
     def _checked_input(self, name: str, inputs: Mapping[str, ArrayLike]) -> np.ndarray:

@@ -22,6 +22,7 @@ from coremltools.converters.mil.mil import Program
 from coremltools.proto import Model_pb2
 
 from decodebench.analysis.analyze import AnalysisError, load_program
+from decodebench.mil.functions import default_function
 
 
 class MilError(ValueError):
@@ -67,6 +68,11 @@ def load_packages(path: Path | str, count: int) -> list[LoadedPackage]:
                 )
             except (ValueError, NotImplementedError, KeyError) as error:
                 raise MilError(f"{path}: coremltools cannot read this program ({error})") from None
+            # pymil reads every program as defaulting to "main"; a multifunction package's
+            # default is its spec's, and a saved copy keeps it.
+            program.default_function_name = default_function(spec, program)
+            # A package described function by function (a multifunction save) is saved so.
+            program.export_as_multifunction = len(spec.description.functions) > 0
             loaded.append(LoadedPackage(path=Path(path), spec=spec, program=program))
     return loaded
 

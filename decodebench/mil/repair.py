@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,9 +44,11 @@ from decodebench.mil.cache_io import Session, decode_session
 from decodebench.mil.checkpoint import TransformersSession, load_checkpoint
 from decodebench.mil.fold import fold_program
 from decodebench.mil.fold_package import copy_package
+from decodebench.mil.functions import decode_function, prefill_function
 from decodebench.mil.headroom import (
     DEFAULT_MARGIN,
     PeakRecorder,
+    error_label,
     find_hazards,
     name_non_finite,
     op_types,
@@ -66,8 +69,10 @@ class Stepper(Protocol):
     def step(self, token: int, position: int) -> np.ndarray: ...
 
 
-def _session(program: Any, label: str) -> Session:
-    return decode_session(Interpreter(program), label)
+def _session(program: Any, label: str, decode: str = "main", prefill: str | None = None) -> Session:
+    """The decode loop of ``program``'s function ``decode``, its prompt through ``prefill``."""
+    prefill_interpreter = None if prefill is None else Interpreter(program, prefill)
+    return decode_session(Interpreter(program, decode), label, prefill=prefill_interpreter)
 
 
 def top_margin(logits: np.ndarray) -> float:
@@ -95,11 +100,67 @@ class _Comparison:
 
 
 @dataclass
+class _PromptRun:
+    """One prompt of a proof: every live stepper computes the same thing, compared."""
+
+    reference: Stepper
+    live: dict[str, Stepper]
+    found: dict[tuple[str, str], _Comparison]
+    explain: Callable[[NonFiniteError], str]
+    generated: list[int] = field(default_factory=list)
+    errors: dict[str, NonFiniteError] = field(default_factory=dict)
+
+    def run(self, compute: Callable[[Stepper], np.ndarray], step: int) -> None:
+        """``compute`` on the reference and each live candidate, then the comparisons; the
+        reference's greedy token (at the last row) is appended to ``generated``."""
+        logits = {REFERENCE: compute(self.reference)}
+        for name in list(self.live):
+            try:
+                logits[name] = compute(self.live[name])
+            except NonFiniteError as error:
+                self.errors[name] = error
+                del self.live[name]
+                for key, comparison in self.found.items():
+                    if name in key and comparison.broken is None:
+                        comparison.broken = self.explain(error)
+                        if comparison.divergent is None:
+                            comparison.divergent = step
+        for (expected_name, actual_name), comparison in self.found.items():
+            if comparison.broken is not None:
+                continue
+            expected, actual = _rows(logits[expected_name]), _rows(logits[actual_name])
+            shared = min(len(expected), len(actual))  # a prefill may return fewer rows
+            expected, actual = expected[-shared:], actual[-shared:]
+            comparison.worst = max(comparison.worst, float(np.max(np.abs(actual - expected))))
+            if comparison.divergent is None:
+                if int(np.argmax(actual[-1])) != int(np.argmax(expected[-1])):
+                    comparison.divergent = step
+                    comparison.margin = top_margin(expected[-1])
+        self.generated.append(int(np.argmax(_rows(logits[REFERENCE])[-1])))
+
+
+def _rows(logits: np.ndarray) -> np.ndarray:
+    return logits.reshape(-1, logits.shape[-1])
+
+
+@dataclass
 class Proof:
     tokens: list[list[int]]  # the reference's greedy tokens, per prompt
     agreements: dict[str, Agreement]  # candidate -> against the reference
     pairs: dict[tuple[str, str], Agreement]  # (expected, actual) -> agreement
     errors: dict[str, dict[int, NonFiniteError]]  # candidate -> prompt -> its non-finite value
+
+
+def prompt_logits(stepper: Stepper, prompt: Sequence[int]) -> np.ndarray:
+    """The prompt's logits [positions, vocab]: through the stepper's prefill function if it has
+    one (as a phone runs the prompt), else one token at a time."""
+    if getattr(stepper, "has_prefill", False):
+        return np.asarray(stepper.prefill(prompt))  # type: ignore[attr-defined]
+    return np.stack([stepper.step(token, position) for position, token in enumerate(prompt)])
+
+
+def _step(stepper: Stepper, token: int, position: int) -> np.ndarray:
+    return stepper.step(token, position)
 
 
 def prove(
@@ -110,14 +171,19 @@ def prove(
     *,
     pairs: Sequence[tuple[str, str]] = (),
     after_prompt: Callable[[int], None] | None = None,
+    explain: Callable[[NonFiniteError], str] = str,
 ) -> Proof:
     """Decode every prompt with ``reference`` and compare each candidate, teacher-forced.
+
+    Each prompt goes through a stepper's prefill function when it has one (else one token at a
+    time); the prompt's logits count in the logit error, and a different argmax at its last
+    position is a divergence at step 0. Then the reference's greedy tokens are stepped.
 
     ``pairs`` are more comparisons, ``(expected, actual)`` among :data:`REFERENCE` and the
     candidates' names, on the same teacher-forced context: a first divergent step up to the one
     where the reference's own tokens leave ``expected``'s is the free-running one; past it the
     context is the reference's, not ``expected``'s. ``after_prompt(index)`` is called when a
-    prompt is done.
+    prompt is done; ``explain`` words a candidate's non-finite value.
     """
     if REFERENCE in candidates:
         raise ValueError(f"a candidate cannot be named {REFERENCE!r}: that is the teacher")
@@ -131,36 +197,15 @@ def prove(
         for session in live.values():
             session.reset()
         found = {key: _Comparison() for key in comparisons}
-        generated: list[int] = []
-        token = prompt[0]
-        for position in range(len(prompt) + steps - 1):
-            step = position - len(prompt) + 1  # the generated token's index, from 0
-            logits = {REFERENCE: reference.step(token, position)}
-            for name in list(live):
-                try:
-                    logits[name] = live[name].step(token, position)
-                except NonFiniteError as error:
-                    errors[name][index] = error
-                    del live[name]
-                    for key, comparison in found.items():
-                        if name in key and comparison.broken is None:
-                            comparison.broken = str(error)
-                            if comparison.divergent is None:
-                                comparison.divergent = max(0, step)
-            for (expected_name, actual_name), comparison in found.items():
-                if comparison.broken is not None:
-                    continue
-                expected, actual = logits[expected_name], logits[actual_name]
-                comparison.worst = max(comparison.worst, float(np.max(np.abs(actual - expected))))
-                if step >= 0 and comparison.divergent is None:
-                    if int(np.argmax(actual)) != int(np.argmax(expected)):
-                        comparison.divergent = step
-                        comparison.margin = top_margin(expected)
-            if step >= 0:
-                generated.append(int(np.argmax(logits[REFERENCE])))
-                token = generated[-1]
-            else:
-                token = prompt[position + 1]
+        one = _PromptRun(reference, live, found, explain)
+        one.run(partial(prompt_logits, prompt=prompt), 0)
+        for step in range(1, steps):
+            position = len(prompt) + step - 1
+            token = one.generated[-1]
+            one.run(partial(_step, token=token, position=position), step)
+        for name, error in one.errors.items():
+            errors[name][index] = error
+        generated = one.generated
         tokens.append(generated)
         for key, comparison in found.items():
             rows[key].append(comparison.row(index))
@@ -211,10 +256,21 @@ class Cure:
         self.steps, self.margin = steps, margin
         reference, original, norms, both = load_packages(self.source, 4)
         self.original = original
+        # The function a token decodes through, and the one each prompt goes through first.
+        self.decode = decode_function(original.spec, original.program)
+        self.prefill = prefill_function(original.program, self.decode)
         widen_program(reference.program)
-        self.recorder = PeakRecorder(reference.program) if record_peaks else None
-        interpreter = self.recorder or Interpreter(reference.program)
-        self.reference = decode_session(interpreter, f"{self.source} (fp32)")
+        self.wide = reference.program
+        self.recorder = PeakRecorder(reference.program, self.decode) if record_peaks else None
+        interpreter = self.recorder or Interpreter(reference.program, self.decode)
+        self.prefill_recorder: PeakRecorder | None = None
+        prefill: Interpreter | None = None
+        if self.prefill is not None:
+            if record_peaks:
+                prefill = self.prefill_recorder = PeakRecorder(reference.program, self.prefill)
+            else:
+                prefill = Interpreter(reference.program, self.prefill)
+        self.reference = decode_session(interpreter, f"{self.source} (fp32)", prefill=prefill)
         interface = self.reference.interface
         longest = max(len(prompt) for prompt in self.prompts)
         if longest + steps > interface.context:
@@ -222,7 +278,7 @@ class Cure:
                 f"a prompt of {longest} tokens and {steps} steps need {longest + steps} "
                 f"positions; the package's context is {interface.context}"
             )
-        function = original.program.functions[interpreter.function_name]
+        function = original.program.functions[self.decode]
         self.places: dict[str, Place] = describe(function)
         self.checkpoint: TransformersSession | None = None
         self.weights = None if weights is None else str(weights)
@@ -245,12 +301,28 @@ class Cure:
             self.packages["norms"] = norms
         if self.fold.rewritten:
             self.packages["norms+fold" if self.rewritten else "fold"] = both
+        # Every candidate's ops by function (the original's first), to name a non-finite value
+        # where it happened, in the decode function or the prefill one.
+        self.places_by_function: dict[str, dict[str, Place]] = {}
+        for package in reversed(self.packages.values()):
+            for function_name, each in package.program.functions.items():
+                found = (
+                    self.places if package is original and function_name == self.decode else None
+                )
+                self.places_by_function.setdefault(function_name, {}).update(
+                    found or describe(each)
+                )
+
+    def explain(self, error: NonFiniteError) -> str:
+        """A candidate's non-finite value, named by layer and role (and function, if prefill)."""
+        label, _function = error_label(error, self.places_by_function, self.decode)
+        return f"{label}: {error}"
 
     def run(self, log: Callable[[str], None] | None = None) -> Cured:
         """Prove every candidate in one pass, keep what proves itself, write the target."""
         say = log or (lambda _message: None)
         sessions: dict[str, Stepper] = {
-            name: _session(package.program, f"{self.source} ({name})")
+            name: _session(package.program, f"{self.source} ({name})", self.decode, self.prefill)
             for name, package in self.packages.items()
         }
         pairs: list[tuple[str, str]] = []
@@ -258,6 +330,7 @@ class Cure:
             sessions[TRANSFORMERS] = self.checkpoint
             pairs = [(TRANSFORMERS, REFERENCE)] + [(TRANSFORMERS, name) for name in self.packages]
         per_prompt: list[dict[str, float]] = []
+        per_prompt_prefill: list[dict[str, float]] = []
         started = last = time.monotonic()
 
         def done(index: int) -> None:
@@ -265,6 +338,9 @@ class Cure:
             if self.recorder is not None:
                 per_prompt.append(self.recorder.peaks)
                 self.recorder.peaks = {}
+            if self.prefill_recorder is not None:
+                per_prompt_prefill.append(self.prefill_recorder.peaks)
+                self.prefill_recorder.peaks = {}
             now = time.monotonic()
             positions = len(self.prompts[index]) + self.steps - 1
             say(
@@ -277,36 +353,67 @@ class Cure:
             f"proving {len(self.packages) - 1} candidate(s) against the package's fp32 run"
             + (" and transformers fp32" if self.checkpoint is not None else "")
             + f" on {len(self.prompts)} prompts x {self.steps} steps"
+            + (
+                f", each prompt through the {self.prefill!r} function"
+                if self.prefill is not None
+                else ""
+            )
         )
         if self.recorder is not None:
             self.recorder.peaks = {}
+        if self.prefill_recorder is not None:
+            self.prefill_recorder.peaks = {}
         proof = prove(
-            self.reference, sessions, self.prompts, self.steps, pairs=pairs, after_prompt=done
+            self.reference,
+            sessions,
+            self.prompts,
+            self.steps,
+            pairs=pairs,
+            after_prompt=done,
+            explain=self.explain,
         )
         repair = self._decide(proof)
         seconds = {"proof": round(time.monotonic() - started, 3)}
-        cured = Cured(repair=repair, headroom=self._headroom(proof, per_prompt), seconds=seconds)
+        headroom = self._headroom(proof, per_prompt, per_prompt_prefill)
+        cured = Cured(repair=repair, headroom=headroom, seconds=seconds)
         if self.checkpoint is not None:
             cured.checkpoint = self._checkpoint(proof, repair, sessions, say)
         return cured
 
-    def _headroom(self, proof: Proof, per_prompt: list[dict[str, float]]) -> HeadroomReport | None:
+    def _headroom(
+        self,
+        proof: Proof,
+        per_prompt: list[dict[str, float]],
+        per_prompt_prefill: list[dict[str, float]],
+    ) -> HeadroomReport | None:
         if self.recorder is None:
             return None
+        hazards = find_hazards(
+            per_prompt, self.places, op_types(self.recorder.function), self.margin
+        )
+        if self.prefill_recorder is not None and self.prefill is not None:
+            function = self.prefill_recorder.function
+            places = self.places_by_function[self.prefill]
+            hazards += find_hazards(
+                per_prompt_prefill, places, op_types(function), self.margin, self.prefill
+            )
         broken = proof.errors["original"]
         first = min(broken, default=None)
+        first_non_finite = None
+        if first is not None:
+            _label, function = error_label(broken[first], self.places_by_function, self.decode)
+            places = self.places_by_function.get(function or self.decode, self.places)
+            first_non_finite = name_non_finite(broken[first], places, first, function)
         return HeadroomReport(
             package=str(self.source),
             prompts=len(self.prompts),
             steps=self.steps,
             margin=self.margin,
-            hazards=find_hazards(
-                per_prompt, self.places, op_types(self.recorder.function), self.margin
-            ),
-            first_non_finite=None
-            if first is None
-            else name_non_finite(broken[first], self.places, first),
+            hazards=hazards,
+            first_non_finite=first_non_finite,
             reference_tokens=proof.tokens,
+            decode_function=self.decode,
+            prefill_function=self.prefill,
         )
 
     def _decide(self, proof: Proof) -> RepairReport:
@@ -352,6 +459,8 @@ class Cure:
             applied=applied,
             refused=refused,
             reference_tokens=proof.tokens,
+            decode_function=self.decode,
+            prefill_function=self.prefill,
         )
 
     def chosen(self, applied: Sequence[str]) -> str:
@@ -438,6 +547,12 @@ def render(report: RepairReport) -> str:
     lines.append(
         f"  proof          against the package's own fp32 run, {report.prompts} prompts x "
         f"{report.steps} greedy steps"
+        + (
+            f", each prompt through its {report.prefill_function!r} function, then "
+            f"{report.decode_function!r}"
+            if report.prefill_function is not None
+            else ""
+        )
     )
     for agreement in [report.original, *report.candidates]:
         lines.append(f"    {agreement.candidate:12} {agreement.summary()}")

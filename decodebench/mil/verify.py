@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from decodebench.mil.cache_io import decode_session
 from decodebench.mil.defaults import DEFAULT_ATOL, DEFAULT_PROMPT, DEFAULT_RTOL
+from decodebench.mil.functions import decode_function, prefill_function
 from decodebench.mil.inputs import DecodeInterface, InputMapping, MappingFile
 from decodebench.mil.interpreter import Interpreter, NonFiniteError
 from decodebench.mil.program import MilError, load_package
@@ -55,18 +56,17 @@ _LOADED_LIMIT = 2
 
 
 def load_interpreters(path: Path | str) -> tuple[Interpreter, Interpreter | None]:
-    """The decode (``main``) interpreter of a package and its prefill one, if it has one."""
+    """The decode interpreter of a package and its prefill one, if it has one sharing the decode
+    function's states (:mod:`decodebench.mil.functions` chooses both)."""
     key = package_digest(path)
     found = _LOADED.get(key)
     if found is not None:
         return found
     package = load_package(path)
-    decode = Interpreter(package.program)
-    prefill = None
-    if PREFILL_FUNCTION in package.program.functions:
-        prefill = Interpreter(package.program, PREFILL_FUNCTION)
-        if prefill.states != decode.states:
-            prefill = None  # not sharing the decode step's cache: not a prefill for it
+    decode_name = decode_function(package.spec, package.program)
+    decode = Interpreter(package.program, decode_name)
+    prefill_name = prefill_function(package.program, decode_name)
+    prefill = None if prefill_name is None else Interpreter(package.program, prefill_name)
     while len(_LOADED) >= _LOADED_LIMIT:
         _LOADED.pop(next(iter(_LOADED)))
     _LOADED[key] = (decode, prefill)
@@ -215,7 +215,9 @@ def _finite_step(session: Session, label: str, token: int, position: int) -> np.
     try:
         logits = session.step(token, position)
     except NonFiniteError as error:
-        raise NonFiniteError(f"{label}: {error}", error.op_name, error.op_type) from error
+        raise NonFiniteError(
+            f"{label}: {error}", error.op_name, error.op_type, error.function
+        ) from error
     if not np.isfinite(logits).all():
         count = int((~np.isfinite(logits)).sum())
         raise NonFiniteError(
@@ -229,7 +231,9 @@ def _finite_prefill(session: Session, label: str, prompt: Sequence[int]) -> np.n
     try:
         rows = session.prefill(prompt)
     except NonFiniteError as error:
-        raise NonFiniteError(f"{label}: {error}", error.op_name, error.op_type) from error
+        raise NonFiniteError(
+            f"{label}: {error}", error.op_name, error.op_type, error.function
+        ) from error
     finite = np.isfinite(rows).all(axis=1)
     if not finite.all():
         position = int(np.argmin(finite))

@@ -209,3 +209,84 @@ def tiny_llama_with_massive_channel(
         mlp.down_proj.weight[9].fill_(0.0)
         mlp.down_proj.weight[9, 5] = peak / 64
     return model
+
+
+def convert_multifunction(
+    model: Any,
+    target: Path,
+    context: int = 64,
+    chunk: int = 4,
+    names: tuple[str, str] = ("decode", "prefill"),
+    prefill_model: Any | None = None,
+) -> None:
+    """``model`` as coremltools' multifunction save makes it: two conversions of the same
+    weights (the recipe's one-token decode step, and a prefill step of ``chunk`` tokens whose
+    causal mask is built in the graph from ``position``), merged into one package whose
+    functions are ``names`` (decode first, the default), sharing the KV states.
+
+    ``prefill_model``: another model of the same shape for the prefill function (a package
+    whose prefill misbehaves where its decode step does not)."""
+    import coremltools as ct
+    import torch
+
+    from decodebench import coreml_compat
+    from decodebench.mil import compat
+    from decodebench.mil.hf import StaticCacheDecodeStep, convert_decode_step
+
+    class PrefillStep(StaticCacheDecodeStep):
+        def forward(  # type: ignore[override]
+            self, input_ids: torch.Tensor, position: torch.Tensor
+        ) -> torch.Tensor:
+            positions = position + torch.arange(chunk, dtype=position.dtype)
+            columns = torch.arange(context, dtype=position.dtype)
+            allowed = columns[None, :] <= positions[:, None]
+            mask = torch.where(allowed, 0.0, float("-inf"))[None, None]
+            for layer in self.layers:
+                layer.cumulative_length = position.clone()
+            output = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions[None],
+                cache=self.cache,
+                use_cache=True,
+            )
+            return output.logits
+
+    decode_name, prefill_name = names
+    with tempfile.TemporaryDirectory() as staging:
+        parts = {decode_name: Path(staging) / "decode.mlpackage"}
+        convert_decode_step(StaticCacheDecodeStep(model, context)).save(str(parts[decode_name]))
+        prefill = PrefillStep(prefill_model or model, context).eval()
+        compat.install()
+        example = (torch.zeros((1, chunk), dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        traced = coreml_compat.trace(prefill, example)
+        prefill.reset_cache()
+        cache_shape = (1, prefill.kv_heads, context, prefill.head_dim)
+        converted = ct.convert(
+            traced,
+            inputs=[
+                ct.TensorType(name="input_ids", shape=(1, chunk), dtype=np.int32),
+                ct.TensorType(name="position", shape=(1,), dtype=np.int32),
+            ],
+            outputs=[ct.TensorType(name="logits", dtype=np.float16)],
+            states=[
+                ct.StateType(
+                    wrapped_type=ct.TensorType(shape=cache_shape, dtype=np.float16), name=name
+                )
+                for name in prefill.cache_names()
+            ],
+            convert_to="mlprogram",
+            minimum_deployment_target=ct.target.iOS18,
+            compute_precision=ct.precision.FLOAT16,
+            skip_model_load=True,
+        )
+        parts[prefill_name] = Path(staging) / "prefill.mlpackage"
+        converted.save(str(parts[prefill_name]))
+        descriptor = ct.utils.MultiFunctionDescriptor()
+        for name, path in parts.items():
+            descriptor.add_function(str(path), src_function_name="main", target_function_name=name)
+        descriptor.default_function_name = decode_name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        ct.utils.save_multifunction(descriptor, str(target))
