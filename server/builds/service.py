@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
@@ -11,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.contracts.domain import VariantSpec, build_key
 from decodebench.contracts.workers import BuildFailure, BuildOutcome, BuildProgress
-from server import tenancy
+from server import leases, tenancy
 from server.builds.references import check_references
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
@@ -79,45 +78,23 @@ def start_build(
     """A worker asks to build: it proceeds, under a new lease, when the build is queued or its
     last worker's lease has run out; a build someone holds, or a finished one, is not redone."""
     build = get_build(session, build_id, lock=True)
-    now = datetime.now(UTC)
-    if build.state in (BuildState.succeeded, BuildState.failed):
-        return False, build
-    if build.state == BuildState.building and not _lease_expired(build, now):
-        return False, build  # a duplicate delivery while another worker holds the lease
-    reason = f"started by {worker}"
-    if build.state == BuildState.building:
-        reason = f"taken over by {worker}: {build.worker}'s lease ran out"
-    build.attempts += 1
-    build.worker = worker
-    build.started_at = now
-    build.updated_at = now
-    build.stage = "starting"
-    build.progress = 0.0
-    build.lease_token = secrets.token_hex(16)
-    build.lease_expires_at = now + timedelta(seconds=lease_seconds)
-    move(session, "build", build, BuildState.building, reason)
-    return True, build
-
-
-def _lease_expired(build: Build, now: datetime) -> bool:
-    return build.lease_expires_at is None or build.lease_expires_at <= now
+    started = leases.take(
+        session, "build", build, worker, lease_seconds,
+        BuildState.building, (BuildState.succeeded, BuildState.failed),
+    )  # fmt: skip
+    return started, build
 
 
 def held_build(session: Session, build_id: int, lease: str) -> Build:
     """The build, locked, if the caller holds its lease; a report from anyone else is refused."""
     build = get_build(session, build_id, lock=True)
-    if build.state != BuildState.building or build.lease_token != lease:
-        raise Conflict(
-            f"build {build_id} is not held under this lease (it is {build.state}"
-            + (f", held by {build.worker})" if build.state == BuildState.building else ")")
-        )
+    leases.check_held(build, f"build {build_id}", BuildState.building, lease)
     return build
 
 
 def renew_build_lease(session: Session, build_id: int, lease: str, lease_seconds: float) -> Build:
     build = held_build(session, build_id, lease)
-    build.updated_at = datetime.now(UTC)
-    build.lease_expires_at = build.updated_at + timedelta(seconds=lease_seconds)
+    leases.renew(build, lease_seconds)
     return build
 
 

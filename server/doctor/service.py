@@ -3,7 +3,6 @@ registering the repaired package as a model and submitting the A/B sweep of the 
 
 from __future__ import annotations
 
-import secrets
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
@@ -20,10 +19,10 @@ from decodebench.contracts.doctor_jobs import (
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind
 from decodebench.modelfiles import ModelFileError, check_package_zip, content_sha256
-from server import tenancy
+from server import leases, tenancy
 from server.artifacts.store import ArtifactStore
 from server.config import Settings
-from server.errors import Conflict, InvalidInput, NotFound
+from server.errors import InvalidInput, NotFound
 from server.models import DoctorJob, UserModel
 from server.sweeps.service import submit_sweep
 from server.tasks import enqueue_doctor
@@ -116,51 +115,31 @@ def submit_job(session: Session, request: DoctorRequest, by: str) -> DoctorJob:
     return job
 
 
-# The worker's side: a lease like a build's (server/builds/service.py).
+# The worker's side: a lease like a build's (server/leases.py).
 
 
 def start_job(
     session: Session, job_id: int, worker: str, lease_seconds: float
 ) -> tuple[bool, DoctorJob]:
     job = get_job(session, job_id, lock=True)
-    now = datetime.now(UTC)
-    if job.state in (DoctorState.done, DoctorState.failed):
-        return False, job
-    if job.state == DoctorState.running and not _expired(job, now):
-        return False, job  # a duplicate delivery while another worker holds the lease
-    reason = f"started by {worker}"
-    if job.state == DoctorState.running:
-        reason = f"taken over by {worker}: {job.worker}'s lease ran out"
-    job.attempts += 1
-    job.worker = worker
-    job.started_at = job.updated_at = now
-    job.stage = "starting"
-    job.progress = 0.0
-    job.error = None
-    job.lease_token = secrets.token_hex(16)
-    job.lease_expires_at = now + timedelta(seconds=lease_seconds)
-    move(session, ENTITY, job, DoctorState.running, reason)
-    return True, job
-
-
-def _expired(job: DoctorJob, now: datetime) -> bool:
-    return job.lease_expires_at is None or job.lease_expires_at <= now
+    started = leases.take(
+        session, ENTITY, job, worker, lease_seconds,
+        DoctorState.running, (DoctorState.done, DoctorState.failed),
+    )  # fmt: skip
+    if started:
+        job.error = None
+    return started, job
 
 
 def held_job(session: Session, job_id: int, lease: str) -> DoctorJob:
     job = get_job(session, job_id, lock=True)
-    if job.state != DoctorState.running or job.lease_token != lease:
-        raise Conflict(
-            f"doctor job {job_id} is not held under this lease (it is {job.state}"
-            + (f", held by {job.worker})" if job.state == DoctorState.running else ")")
-        )
+    leases.check_held(job, f"doctor job {job_id}", DoctorState.running, lease)
     return job
 
 
 def renew_lease(session: Session, job_id: int, lease: str, lease_seconds: float) -> DoctorJob:
     job = held_job(session, job_id, lease)
-    job.updated_at = datetime.now(UTC)
-    job.lease_expires_at = job.updated_at + timedelta(seconds=lease_seconds)
+    leases.renew(job, lease_seconds)
     return job
 
 
