@@ -91,6 +91,7 @@ def _cure(
 ) -> DoctorOutcome:
     from decodebench.building.package import package_from_zip
     from decodebench.building.sources import fetch_files
+    from decodebench.mil.checkpoint import has_checkpoint
     from decodebench.mil.doctor import doctor
     from decodebench.mil.program import MilError, quiet_coremltools
 
@@ -113,7 +114,12 @@ def _cure(
     archive = fetch_files(client, view, models) / view.files[0].path
     source = package_from_zip(archive, tmp / "package")
     progress("encoding the chat prompts", 0.08)
-    prompts = _prompts(client, assignment, models)
+    prompts, folder = _prompts(client, assignment, models)
+    # An uploaded checkpoint named as the tokenizer is the package's source: its transformers
+    # fp32 decodes the prompts too. The default tokenizer's model is not the package's.
+    weights = (
+        folder if assignment.tokenizer != DEFAULT_TOKENIZER and has_checkpoint(folder) else None
+    )
     with quiet_coremltools():
         try:
             vocab, context = _interface(source)
@@ -124,7 +130,9 @@ def _cure(
         target = out / f"{assignment.package}.repaired.mlpackage"
         progress("diagnosing", 0.15)
         try:
-            report = doctor(source, target, prompts, assignment.steps, log=progress)
+            report = doctor(
+                source, target, prompts, assignment.steps, log=progress, weights=weights
+            )
         except MilError as error:
             raise DoctorError(f"doctor: {error}") from None
     progress("uploading the repaired package", 0.97)
@@ -137,7 +145,8 @@ def _cure(
 
 def _prompts(
     client: DecodebenchClient, assignment: DoctorAssignment, models: Path
-) -> list[list[int]]:
+) -> tuple[list[list[int]], Path]:
+    """The chat prompts' token ids, and the folder whose tokenizer encoded them."""
     from decodebench.building.sources import fetch_files
     from decodebench.prompts import chat_prompts, chat_token_ids, has_tokenizer
 
@@ -151,7 +160,7 @@ def _prompts(
     if not has_tokenizer(folder):
         raise DoctorError(f"tokenizer: {assignment.tokenizer} holds no tokenizer")
     texts = [prompt.text for prompt in chat_prompts(assignment.prompts)]
-    return chat_token_ids(folder, texts)
+    return chat_token_ids(folder, texts), folder
 
 
 def _interface(package: Path) -> tuple[int, int]:

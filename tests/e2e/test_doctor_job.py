@@ -24,7 +24,7 @@ from decodebench.commands.cure import summary
 from decodebench.commands.submit import wait_for_sweep
 from tests.support.api import bearer
 from tests.support.browser import check_pages, sign_in
-from tests.support.doctor_jobs import massive_channel_package
+from tests.support.doctor_jobs import massive_channel_checkpoint, massive_channel_package
 from tests.support.services import query
 
 pytestmark = pytest.mark.slow
@@ -53,6 +53,13 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
     user = ["--server", stack.server_url, "--token", stack.tokens["user"]]
     assert main(["model", "upload", str(package), "--name", "massive", *user]) == 0
     assert "massive: mlpackage" in capsys.readouterr().out
+    # Its checkpoint, with SmolLM2's tokenizer: named as the job's tokenizer, its transformers
+    # fp32 decodes the prompts too.
+    from decodebench.building.realmodels import fetch_model
+
+    checkpoint = massive_channel_checkpoint(tmp_path / "checkpoint", fetch_model("smollm2-135m"))
+    assert main(["model", "upload", str(checkpoint), "--name", "massive-src", *user]) == 0
+    assert "massive-src: hf" in capsys.readouterr().out
 
     with DecodebenchClient(stack.server_url, stack.tokens["user"]) as client:
         request = {"package": "massive", "devices": DEVICES, "prompts": 2, "steps": 4}
@@ -69,7 +76,11 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
 
         first = stack.start_worker("worker-1")
         devices = [arg for device in DEVICES for arg in ("--device", device)]
-        assert main(["cure", "massive", *devices, "--prompts", "2", "--steps", "4", *user]) == 0
+        tokenizer = ["--tokenizer", "upload:massive-src"]
+        assert (
+            main(["cure", "massive", *devices, *tokenizer, "--prompts", "2", "--steps", "4", *user])
+            == 0
+        )
         job_id = int(capsys.readouterr().out.split()[2].rstrip(":"))
         job = client.get_doctor(job_id)
         assert job.state in ("queued", "running") and job.devices == DEVICES
@@ -111,6 +122,9 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
         assert report.repair.applied == ["norms"]
         assert report.repair.result.identical == 2 and report.repair.original.non_finite == 2
         assert done.repaired_model == "massive.repaired"
+        assert report.checkpoint is not None  # the uploaded checkpoint's transformers fp32
+        assert report.checkpoint.reference.identical == 2
+        assert report.checkpoint.repaired.identical == 2
         printed = summary(done)
         assert "first non-finite in fp16: layer 1 · input norm · square" in printed
         assert "repairs applied: norms" in printed and "2/2 prompts identical" in printed
@@ -159,6 +173,7 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
     text = page.inner_text("main") if page.query_selector("main") else page.inner_text("body")
     assert "First non-finite value in fp16: layer 1 · input norm · square" in text
     assert "SIMULATED" in text and "(predicted)" in text
+    assert "Agreement with the checkpoint's transformers fp32" in text
     assert page.get_attribute("#download", "href") == f"/doctor/{job.id}/download"
     assert page.inner_text("#repaired-model") == "massive.repaired"
     problems = check_pages(stack, page, {"doctor": f"/doctor/{job.id}", "doctor-jobs": "/doctor"})

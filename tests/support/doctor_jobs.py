@@ -31,6 +31,22 @@ def massive_channel_package(root: Path, vocab_size: int = SMOLLM2_VOCAB) -> Path
     return package
 
 
+def massive_channel_checkpoint(root: Path, tokenizer: Path) -> Path:
+    """The package's source as a user uploads it: the same seeded transformers model, written by
+    ``save_pretrained``, with the tokenizer files of ``tokenizer`` (SmolLM2's folder)."""
+    from tests.support.recipe import tiny_llama_with_massive_channel
+
+    folder = root / "massive-checkpoint"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".massive-checkpoint.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "config.json").is_file():
+            tiny_llama_with_massive_channel(vocab_size=SMOLLM2_VOCAB).save_pretrained(folder)
+            for path in [*tokenizer.glob("tokenizer*"), *tokenizer.glob("chat_template*")]:
+                shutil.copy(path, folder / path.name)
+    return folder
+
+
 def zipped(package: Path, into: Path) -> Path:
     """The package as a user uploads it: a zip holding ``<name>.mlpackage/``."""
     folder = into / "zip-root"
