@@ -196,7 +196,10 @@ class Agreement(Report):
         )
         if self.non_finite:
             text += f", {self.non_finite} non-finite"
-        if divergent:
+        steps = set(divergent.values())
+        if len(divergent) > 4 and len(steps) == 1:  # e.g. every prompt non-finite at once
+            text += f", all {len(divergent)} diverging at step {steps.pop()}"
+        elif divergent:
             text += f", first divergent step by prompt {divergent}"
         return text
 
