@@ -18,7 +18,7 @@ from decodebench.contracts.api import ComparisonRow
 from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.doctor import DoctorReport
 from decodebench.contracts.names import SweepState
-from decodebench.contracts.profiles import get_profile
+from decodebench.contracts.profiles import known_device_classes
 from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
 from decodebench.contracts.workers import LEASE_PATTERN
 
@@ -77,11 +77,7 @@ class DoctorRequest(Incoming):
     @field_validator("devices")
     @classmethod
     def _known_devices(cls, value: list[str]) -> list[str]:
-        for device_class in value:
-            get_profile(device_class)
-        if len(set(value)) != len(value):
-            raise ValueError("device classes must be distinct")
-        return value
+        return known_device_classes(value)
 
 
 class DoctorJobView(Contract):

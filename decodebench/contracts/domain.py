@@ -21,7 +21,7 @@ from pydantic import (
 from decodebench.contracts.base import Incoming
 from decodebench.contracts.names import SweepPriority
 from decodebench.contracts.presets import MODELS, has_tokenizer
-from decodebench.contracts.profiles import get_profile
+from decodebench.contracts.profiles import known_device_classes
 from decodebench.contracts.recipes import RecipeError, parse_recipe
 from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
 from decodebench.contracts.verdicts import DEFAULT_MIN_EFFECT, MAX_MIN_EFFECT
@@ -324,11 +324,7 @@ class SweepSpec(Incoming):
     @field_validator("devices")
     @classmethod
     def _known_devices(cls, value: list[str]) -> list[str]:
-        for device_class in value:
-            get_profile(device_class)
-        if len(set(value)) != len(value):
-            raise ValueError("device classes must be distinct")
-        return value
+        return known_device_classes(value)
 
     @model_validator(mode="after")
     def _decode_fits_every_context(self) -> SweepSpec:

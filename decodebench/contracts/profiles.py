@@ -192,3 +192,13 @@ def get_profile(device_class: str) -> DeviceProfile:
         return DEVICE_PROFILES[device_class]
     except KeyError:
         raise UnknownDeviceClass(device_class) from None
+
+
+def known_device_classes(device_classes: list[str]) -> list[str]:
+    """A request's device classes: each known (UnknownDeviceClass names one that is not), none
+    twice."""
+    for device_class in device_classes:
+        get_profile(device_class)
+    if len(set(device_classes)) != len(device_classes):
+        raise ValueError("device classes must be distinct")
+    return device_classes
