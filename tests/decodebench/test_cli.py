@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from decodebench.contracts.presets import TINY_GQA
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decodebench.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+from tests.support.cli import run_cli
 
 
 def one_line_error(result: subprocess.CompletedProcess[str]) -> str:

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_cli
+
 pytestmark = pytest.mark.slow  # the fixtures convert models
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decodebench.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_doctor_on_a_stateful_package_with_its_checkpoint(

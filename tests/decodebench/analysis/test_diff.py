@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from decodebench.contracts.analysis import GraphAnalysis, RedundantCopy
 from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.contracts.presets import TINY_GQA
 from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -95,15 +94,6 @@ def test_copies_are_matched_by_what_they_copy_not_by_name() -> None:
     only_left, only_right = _unmatched(left, right)
     # Same source first; the renamed one still pairs on kind, op, shape and dtype.
     assert [item.name for item in only_left] == ["t"] and only_right == []
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decodebench.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_the_diff_command(packages, tmp_path: Path) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +12,7 @@ from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.building.build import BuildError, build_variant, load_report
 from decodebench.building.cache import BuildCache
 from decodebench.contracts.domain import VariantSpec, build_key
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -164,13 +163,6 @@ def test_multifunction_prefill_and_host_kv(tmp_path: Path) -> None:
     assert outputs[:3] == ["logits", "key_0", "value_0"]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decodebench.cli", "build", *args],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-
-
 def test_cli_build_then_hit_and_bad_flags(tmp_path: Path) -> None:
     common = [
         "--preset",
@@ -182,15 +174,18 @@ def test_cli_build_then_hit_and_bad_flags(tmp_path: Path) -> None:
         "--cache-dir",
         str(tmp_path / "c"),
     ]
-    built = run_cli(*common, "--out", str(tmp_path / "a"), "--quiet")
+    built = run_cli("build", *common, "--out", str(tmp_path / "a"), "--quiet")
     assert built.returncode == 0, built.stderr
     assert "constexpr_blockwise_shift_scale" in built.stdout
-    hit = run_cli(*common, "--out", str(tmp_path / "b"))
+    hit = run_cli("build", *common, "--out", str(tmp_path / "b"))
     assert hit.returncode == 0 and hit.stdout.startswith("cache hit")
     assert json.loads((tmp_path / "b" / "build.json").read_text())["variant"]["quant"] == "w4"
-    bad = run_cli("--preset", "tiny-gqa", "--quant", "ffn=int3", "--out", str(tmp_path / "x"))
+    bad = run_cli(
+        "build", "--preset", "tiny-gqa", "--quant", "ffn=int3", "--out", str(tmp_path / "x")
+    )
     assert bad.returncode == 2 and "--quant: unknown scheme 'int3'" in bad.stderr
     bad = run_cli(
+        "build",
         "--preset",
         "tiny-gqa",
         "--context",

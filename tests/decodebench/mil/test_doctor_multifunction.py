@@ -8,11 +8,11 @@ project's own builder with a prefill chunk (``main`` and ``prefill``).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow  # the fixtures convert models
 
@@ -22,15 +22,6 @@ CONTEXT = 64
 # chunk (stepped through the decode function alone).
 PROMPTS = [[1, 2, 3, 4, 5, 6], [9, 8, 7], [100, 5, 6, 7, 8]]
 NORM = "layer 1 · input norm · square"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "decodebench.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")
