@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stack import stop_process_groups
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = Path("/tmp/decodebench-topology")
 DEFAULT_PREFIX = "dbt"
@@ -493,19 +495,7 @@ class Topology:
     def down(self, quiet: bool = False) -> None:
         """Kill every process in the namespaces (ours by pid first, then any left from a
         crashed run), delete the namespaces, the links and the bridge. Safe to repeat."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 15
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_groups(self.processes.values(), grace_s=15)
         self.processes.clear()
         existing = set(_ip("netns", "list", check=False).stdout.split())
         namespaces = [host.namespace for host in self.hosts.values()]
