@@ -27,6 +27,7 @@ from server.models import DoctorJob, UserModel
 from server.sweeps.service import submit_sweep
 from server.tasks import enqueue_doctor
 from server.transitions import move, record_created
+from server.usermodels.service import named_model, visible_model
 
 ENTITY = "doctor"
 ORIGINAL, REPAIRED = "original", "repaired"
@@ -59,13 +60,9 @@ def list_jobs(session: Session, limit: int = 100) -> list[DoctorJob]:
     )
 
 
-def _visible_model(session: Session, name: str) -> UserModel | None:
-    return session.scalar(select(UserModel).where(UserModel.name == name, tenancy.models(session)))
-
-
 def check_request(session: Session, request: DoctorRequest) -> UserModel:
     """The package the request names; 422 naming the field for an unknown or unfit model."""
-    package = _visible_model(session, request.package)
+    package = visible_model(session, request.package)
     if package is None:
         raise InvalidInput(
             f"package: no uploaded model {request.package!r} (POST /api/v1/models first)"
@@ -76,7 +73,7 @@ def check_request(session: Session, request: DoctorRequest) -> UserModel:
         )
     if request.tokenizer != DEFAULT_TOKENIZER:
         name = request.tokenizer.removeprefix(UPLOAD_PREFIX)
-        checkpoint = _visible_model(session, name)
+        checkpoint = visible_model(session, name)
         if checkpoint is None:
             raise InvalidInput(f"tokenizer: no uploaded model {name!r}")
         if checkpoint.kind != ModelKind.hf:
@@ -161,7 +158,7 @@ def repaired_name(session: Session, job: DoctorJob, content: str) -> str:
     with the job's id."""
     preferred = f"{job.package}{REPAIRED_SUFFIX}"
     if len(preferred) <= 48:
-        existing = session.scalar(select(UserModel).where(UserModel.name == preferred))
+        existing = named_model(session, preferred)
         if existing is None or (
             existing.content_sha256 == content and existing.project_id == job.project_id
         ):
@@ -229,7 +226,7 @@ def _register_repaired(
     file_name = f"{job.package}{REPAIRED_SUFFIX}.mlpackage.zip"[-128:]
     content = content_sha256([(file_name, sha256)])
     name = repaired_name(session, job, content)
-    existing = session.scalar(select(UserModel).where(UserModel.name == name))
+    existing = named_model(session, name)
     if existing is not None:
         return existing
     path = store.path_for(sha256)

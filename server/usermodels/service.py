@@ -54,19 +54,19 @@ def view(model: UserModel) -> ModelView:
     )
 
 
-def _named(session: Session, name: str) -> UserModel | None:
+def named_model(session: Session, name: str) -> UserModel | None:
     """The model of that name in any project: names are unique across the server."""
     return session.scalar(select(UserModel).where(UserModel.name == name))
 
 
-def _visible(session: Session, name: str) -> UserModel | None:
+def visible_model(session: Session, name: str) -> UserModel | None:
     """The model of that name if this session's project may see it (404 otherwise, as if it
     did not exist)."""
     return session.scalar(select(UserModel).where(UserModel.name == name, tenancy.models(session)))
 
 
 def get_model(session: Session, name: str) -> UserModel:
-    model = _visible(session, name)
+    model = visible_model(session, name)
     if model is None:
         raise NotFound(f"no model {name!r}")
     return model
@@ -89,7 +89,7 @@ def resolve_spec_model(session: Session, spec_model: str) -> UserModel | None:
     if not spec_model.startswith(UPLOAD_PREFIX):
         return None
     name = spec_model.removeprefix(UPLOAD_PREFIX)
-    model = _visible(session, name)
+    model = visible_model(session, name)
     if model is None:
         raise InvalidInput(f"model: no uploaded model {name!r} (POST /api/v1/models first)")
     if model.kind == ModelKind.mlpackage:
@@ -164,7 +164,7 @@ def register_model(
     files = _stored(session, store, request)
     content = content_sha256((path, sha) for path, (sha, _) in files.items())
     project = tenancy.owner(session)
-    existing = _named(session, request.name)
+    existing = named_model(session, request.name)
     if existing is not None:
         return _same_or_conflict(existing, content, project), False
     total = sum(path.stat().st_size for _, path in files.values())
@@ -200,7 +200,7 @@ def register_model(
         .returning(UserModel.id)
     )
     if inserted is None:  # registered concurrently under the same name
-        raced = _named(session, request.name)
+        raced = named_model(session, request.name)
         assert raced is not None
         return _same_or_conflict(raced, content, project), False
     return session.get_one(UserModel, inserted), True
@@ -249,7 +249,7 @@ def variant_identities(session: Session, spec: SweepSpec) -> list[str]:
 
 
 def _package(session: Session, index: int, name: str) -> UserModel:
-    package = _visible(session, name)
+    package = visible_model(session, name)
     if package is None:
         raise InvalidInput(f"variants.{index}.package: no uploaded package {name!r}")
     if package.kind != ModelKind.mlpackage:
