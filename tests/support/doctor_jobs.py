@@ -6,12 +6,10 @@ prompts for it."""
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import shutil
 from pathlib import Path
 
 from decodebench.artifacts import pack_directory
-from tests.support.api import bearer
 
 SMOLLM2_VOCAB = 49152
 CONTEXT = 128
@@ -53,29 +51,3 @@ def zipped(package: Path, into: Path) -> Path:
     if not (folder / package.name).is_dir():
         shutil.copytree(package, folder / package.name)
     return pack_directory(folder, into / f"{package.name}.zip")
-
-
-def upload_file(api, token: str, name: str, data: bytes) -> str:
-    """One file through the uploads API (a single chunk); its sha256."""
-    headers = bearer(token)
-    created = api.post(
-        "/api/v1/uploads", json={"filename": name, "size": len(data)}, headers=headers
-    )
-    assert created.status_code == 201, created.text
-    upload = created.json()["id"]
-    put = api.put(f"/api/v1/uploads/{upload}", params={"offset": 0}, content=data, headers=headers)
-    assert put.status_code == 200, put.text
-    sha256 = hashlib.sha256(data).hexdigest()
-    finished = api.post(
-        f"/api/v1/uploads/{upload}/finish", json={"sha256": sha256}, headers=headers
-    )
-    assert finished.status_code == 200, finished.text
-    return sha256
-
-
-def register_files(api, token: str, name: str, files: dict[str, bytes]):
-    refs = [
-        {"path": path, "sha256": upload_file(api, token, path, data)}
-        for path, data in files.items()
-    ]
-    return api.post("/api/v1/models", json={"name": name, "files": refs}, headers=bearer(token))

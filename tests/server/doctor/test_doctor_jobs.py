@@ -13,8 +13,9 @@ import pytest
 
 from decodebench.contracts.doctor import DoctorReport
 from tests.support.api import bearer, project_token
-from tests.support.doctor_jobs import massive_channel_package, register_files, zipped
+from tests.support.doctor_jobs import massive_channel_package, zipped
 from tests.support.services import query
+from tests.support.uploads import register
 
 pytest.importorskip("coremltools")
 DEVICES = ["iphone-16-pro", "iphone-17-pro"]
@@ -45,7 +46,7 @@ def submit(api, token: str, **fields):
 
 def upload_package(api, token: str, doctored, name: str = "massive") -> None:
     archive, _, _ = doctored
-    created = register_files(api, token, name, {archive.name: archive.read_bytes()})
+    created = register(api, token, name, {archive.name: archive.read_bytes()})
     assert created.status_code == 201, created.text
 
 
@@ -54,7 +55,7 @@ def test_bad_requests_name_the_field_and_write_nothing(
 ) -> None:
     upload_package(api, user_token, doctored)
     files = {path.name: path.read_bytes() for path in tiny_llama_folder.iterdir()}
-    assert register_files(api, user_token, "ckpt", files).status_code == 201
+    assert register(api, user_token, "ckpt", files).status_code == 201
     cases: list[tuple[dict[str, object], str]] = [
         ({"package": "nothing"}, "package: no uploaded model 'nothing'"),
         ({"package": "ckpt"}, "package: 'ckpt' is a hf checkpoint, not a .mlpackage"),

@@ -8,9 +8,10 @@ import re
 import pytest
 
 from tests.support.api import project_token
-from tests.support.doctor_jobs import massive_channel_package, register_files, zipped
+from tests.support.doctor_jobs import massive_channel_package, zipped
 from tests.support.pages import page_csrf, ui_sign_in
 from tests.support.services import query
+from tests.support.uploads import register
 
 pytest.importorskip("coremltools")
 
@@ -23,7 +24,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory):
 
 def test_the_form_starts_a_job_and_its_page_shows_progress(api, user_token, archive) -> None:
     assert (
-        register_files(api, user_token, "massive", {archive.name: archive.read_bytes()}).status_code
+        register(api, user_token, "massive", {archive.name: archive.read_bytes()}).status_code
         == 201
     )
     ui_sign_in(api, user_token)
