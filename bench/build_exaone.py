@@ -7,7 +7,7 @@ machine is shared:
 
 - plain: per-layer sensitivity done the straightforward way (one full fp32 forward per layer),
   then ``torch.jit.trace``, ``ct.convert`` with the default pipeline, and the recipe as
-  ``ct.optimize.coreml`` calls (:mod:`decodebench.building.quant.plain`): the lm_head palettized to 6
+  ``ct.optimize.coreml`` calls (:mod:`decodebench.formats.coreml.quant.plain`): the lm_head palettized to 6
   bits with the same k-means as ours (``mode="custom"``; coremltools' ``kmeans`` mode needs
   kmeans1d or scikit-learn and computes another table), then int4 per block of 32 with the 8
   promoted layers int8 per channel; ``save``;
@@ -17,7 +17,7 @@ machine is shared:
 It prints both sides' stages next to each other, then checks the output instead of assuming
 it: every compressed weight of the two packages compared byte for byte, and the op histograms
 (the plain program has one more negative-index guard on the token gather per
-``ct.optimize.coreml`` call, see :mod:`decodebench.building.quant.plain`). If any weight differs, both
+``ct.optimize.coreml`` call, see :mod:`decodebench.formats.coreml.quant.plain`). If any weight differs, both
 packages decode ``--verify-steps`` tokens in the MIL interpreter and the token agreement is
 printed. The check's verdict is the exit status (0 same output, 1 not).
 
@@ -64,12 +64,12 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     import numpy as np
     import torch
 
-    from decodebench import coreml_compat
-    from decodebench.building.convert import _input_types, _state_types
-    from decodebench.building.quant.apply import QuantPlan
-    from decodebench.building.quant.plain import optimize_plain
     from decodebench.contracts.presets import get_preset
     from decodebench.contracts.recipes import parse_recipe
+    from decodebench.formats.coreml import compat
+    from decodebench.formats.coreml.convert import _input_types, _state_types
+    from decodebench.formats.coreml.quant.apply import QuantPlan
+    from decodebench.formats.coreml.quant.plain import optimize_plain
     from decodebench.modeling import build_model, step_inputs
 
     seconds: dict[str, float] = {}
@@ -89,8 +89,8 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     promoted = naive_ranking(model, recipe)[:top]
     lap("sensitivity")
 
-    coreml_compat.install()
-    traced = coreml_compat.trace(model, step_inputs(0, 0, context, torch.float16))
+    compat.install()
+    traced = compat.trace(model, step_inputs(0, 0, context, torch.float16))
     model.reset_cache()
     lap("trace")
     mlmodel = ct.convert(
@@ -118,8 +118,8 @@ def naive_ranking(model: Any, recipe: Any) -> list[int]:
     prompts with that layer quantized, KL against the unquantized forward; most sensitive first."""
     import torch
 
-    from decodebench.building.quant.apply import fake_quantize
-    from decodebench.building.quant.sensitivity import _rms, _Runner, calibration_tokens
+    from decodebench.formats.coreml.quant.apply import fake_quantize
+    from decodebench.formats.coreml.quant.sensitivity import _rms, _Runner, calibration_tokens
 
     config = model.config
     tokens = calibration_tokens(config.vocab_size)
@@ -205,7 +205,7 @@ def check_output(plain_package: Path, our_package: Path, steps: int) -> dict[str
     from collections import Counter
 
     from decodebench.analysis.analyze import analyze_mlpackage
-    from decodebench.building.quant.plain import compare_weights
+    from decodebench.formats.coreml.quant.plain import compare_weights
 
     weights = compare_weights(plain_package, our_package)
     plain_ops = Counter(analyze_mlpackage(plain_package).op_counts)
@@ -222,8 +222,8 @@ def check_output(plain_package: Path, our_package: Path, steps: int) -> dict[str
     guards = set(check["ops_only_plain"]) <= {"greater_equal", "add", "select", "const", "cast"}
     same = weights.identical and not check["ops_only_ours"] and guards
     if not weights.identical and steps:
-        from decodebench.mil.program import quiet_coremltools
-        from decodebench.mil.verify import verify_packages
+        from decodebench.formats.coreml.program import quiet_coremltools
+        from decodebench.formats.coreml.verify import verify_packages
 
         with quiet_coremltools():
             result = verify_packages(plain_package, our_package, steps, prompt=[1])

@@ -13,7 +13,7 @@ seconds of each, the load average around them, and whether the hazards, the firs
 op, the reference tokens and the agreement are the same.
 
 The packages: ``tiny``, a 3-layer Llama whose residual carries a massive channel
-(tests/support/recipe.py, converted once into a temporary folder), or ``smollm2``,
+(decodebench/formats/coreml/recipe.py, converted once into a temporary folder), or ``smollm2``,
 SmolLM2-135M-Instruct by the Apple recipe (cached under ~/.cache/decodebench/recipe), its chat
 prompts tokenized by its own tokenizer.
 """
@@ -30,11 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from decodebench.analysis.analyze import analyze_mlpackage  # noqa: E402
-from decodebench.mil.doctor import doctor  # noqa: E402
-from decodebench.mil.headroom import measure_headroom  # noqa: E402
-from decodebench.mil.program import quiet_coremltools  # noqa: E402
-from decodebench.mil.repair import repair_mlpackage  # noqa: E402
-from decodebench.mil.waste import find_waste  # noqa: E402
+from decodebench.doctor.doctor import doctor  # noqa: E402
+from decodebench.doctor.headroom import measure_headroom  # noqa: E402
+from decodebench.doctor.repair import repair_mlpackage  # noqa: E402
+from decodebench.doctor.waste import find_waste  # noqa: E402
+from decodebench.formats.coreml.program import quiet_coremltools  # noqa: E402
 
 TINY_PROMPTS = [[1, 2, 3, 4], [9, 8, 7], [100, 5], [3, 30, 60, 90, 120], [7], [11, 12]]
 
@@ -54,15 +54,18 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="doctor-passes-"))
     with quiet_coremltools():
         if args.package == "tiny":
-            from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+            from decodebench.formats.coreml.recipe import (
+                convert_model,
+                tiny_llama_with_massive_channel,
+            )
 
             package = work / "tiny.mlpackage"
             convert_model(tiny_llama_with_massive_channel(), package, "state", 64)
             prompts = TINY_PROMPTS[: args.prompts]
         else:
             from decodebench.building.realmodels import fetch_model
+            from decodebench.formats.coreml.recipe import recipe_package
             from decodebench.prompts import chat_prompts, chat_token_ids
-            from tests.support.recipe import recipe_package
 
             weights = fetch_model("smollm2-135m")
             package = recipe_package(weights, "state", 256)
@@ -118,13 +121,13 @@ def per_step(package: Path, weights: Path | None, steps: int = 8) -> None:
     """CPU ms per decode step: what one position of the pass costs, decoder by decoder."""
     import torch
 
-    from decodebench.mil.cache_io import decode_session
-    from decodebench.mil.checkpoint import load_checkpoint
-    from decodebench.mil.headroom import PeakRecorder
-    from decodebench.mil.interpreter import Interpreter
-    from decodebench.mil.norm_repair import repair_norms
-    from decodebench.mil.program import load_package
-    from decodebench.mil.widen import widen_program
+    from decodebench.doctor.checkpoint import load_checkpoint
+    from decodebench.doctor.headroom import PeakRecorder
+    from decodebench.formats.coreml.cache_io import decode_session
+    from decodebench.formats.coreml.interpreter import Interpreter
+    from decodebench.formats.coreml.norm_repair import repair_norms
+    from decodebench.formats.coreml.program import load_package
+    from decodebench.formats.coreml.widen import widen_program
 
     def timed(label: str, session: object) -> None:
         session.reset()  # type: ignore[attr-defined]

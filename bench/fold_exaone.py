@@ -47,8 +47,8 @@ def child(stage: str, root: Path, model: str, context: int, steps: int) -> None:
         variant = VariantSpec(attention=Attention(stage), context=context)
         build_variant(model, variant, root / stage)
     elif stage == "fold":
-        from decodebench.mil.fold_package import fold_mlpackage
-        from decodebench.mil.program import quiet_coremltools
+        from decodebench.formats.coreml.fold_package import fold_mlpackage
+        from decodebench.formats.coreml.program import quiet_coremltools
 
         started = time.perf_counter()
         with quiet_coremltools():
@@ -60,8 +60,8 @@ def child(stage: str, root: Path, model: str, context: int, steps: int) -> None:
         payload["peak_rss_gib"] = round(peak_rss_gib(), 2)
         (root / FOLD_REPORT).write_text(json.dumps(payload))
     elif stage == "verify":
-        from decodebench.mil.program import quiet_coremltools
-        from decodebench.mil.verify import verify_packages
+        from decodebench.formats.coreml.program import quiet_coremltools
+        from decodebench.formats.coreml.verify import verify_packages
 
         started = time.perf_counter()
         with quiet_coremltools():

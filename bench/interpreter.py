@@ -69,7 +69,7 @@ def package_for(case: str, cache: Path, context: int) -> Path:
     from decodebench.building.build import PACKAGE_NAME, build_variant
     from decodebench.building.cache import BuildCache
     from decodebench.contracts.domain import Attention, KVCache, VariantSpec
-    from decodebench.mil.program import quiet_coremltools
+    from decodebench.formats.coreml.program import quiet_coremltools
 
     spec = CASES[case]
     out = cache / f"{case}-ctx{context}"
@@ -92,8 +92,8 @@ def measure(case: str, package: Path, steps: int) -> dict[str, Any]:
     """Load the package and decode: runs in the case's own process."""
     import numpy as np
 
-    from decodebench.mil.program import quiet_coremltools
-    from decodebench.mil.verify import open_session
+    from decodebench.formats.coreml.program import quiet_coremltools
+    from decodebench.formats.coreml.verify import open_session
 
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
@@ -131,8 +131,8 @@ def verify_prompts(args: argparse.Namespace) -> dict[str, Any]:
     """``decodebench verify A B`` over the built-in chat prompts, in one process (A = B =
     SmolLM2 fp16: the second load comes from the content cache)."""
     from decodebench.building.realmodels import fetch_model
-    from decodebench.mil.program import quiet_coremltools
-    from decodebench.mil.verify import verify_packages
+    from decodebench.formats.coreml.program import quiet_coremltools
+    from decodebench.formats.coreml.verify import verify_packages
     from decodebench.prompts import chat_prompts, prompt_token_ids
 
     package = package_for(args.verify_case, args.cache, args.context)
@@ -224,7 +224,7 @@ def main() -> int:
         print(package_for(args.build, args.cache, args.context))
         return 0
     if args.no_compile:
-        from decodebench.mil.interpreter import Interpreter
+        from decodebench.formats.coreml.interpreter import Interpreter
 
         Interpreter.compile_steps = False
     if args.verify:

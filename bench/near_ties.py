@@ -24,14 +24,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.mil.cache_io import decode_session  # noqa: E402
-from decodebench.mil.checkpoint import load_checkpoint  # noqa: E402
-from decodebench.mil.interpreter import Interpreter  # noqa: E402
-from decodebench.mil.norm_repair import repair_norms  # noqa: E402
-from decodebench.mil.program import load_package, quiet_coremltools  # noqa: E402
-from decodebench.mil.widen import widen_program  # noqa: E402
+from decodebench.doctor.checkpoint import load_checkpoint  # noqa: E402
+from decodebench.formats.coreml.cache_io import decode_session  # noqa: E402
+from decodebench.formats.coreml.interpreter import Interpreter  # noqa: E402
+from decodebench.formats.coreml.norm_repair import repair_norms  # noqa: E402
+from decodebench.formats.coreml.program import load_package, quiet_coremltools  # noqa: E402
+from decodebench.formats.coreml.recipe import recipe_package  # noqa: E402
+from decodebench.formats.coreml.widen import widen_program  # noqa: E402
 from decodebench.prompts import chat_prompts, chat_token_ids  # noqa: E402
-from tests.support.recipe import recipe_package  # noqa: E402
 
 
 def greedy(session, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:

@@ -35,7 +35,7 @@ from decodebench.building.cache import BuildCache  # noqa: E402
 from decodebench.building.realmodels import fetch_model  # noqa: E402
 from decodebench.building.reference import reference_outputs  # noqa: E402
 from decodebench.contracts.domain import VariantSpec  # noqa: E402
-from decodebench.mil.program import quiet_coremltools  # noqa: E402
+from decodebench.formats.coreml.program import quiet_coremltools  # noqa: E402
 from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, prompt_token_ids  # noqa: E402
 
 LAYOUT_VARIANTS = ("repeat_kv/state", "folded/state", "repeat_kv/input", "folded/input")

@@ -4,7 +4,7 @@ first overflow, and the avoidable bytes per token of both KV layouts.
     python bench/smollm2_doctor.py                  # 30 chat prompts x 16 greedy steps
     python bench/smollm2_doctor.py --prompts 5 --steps 16
 
-The packages are converted once (tests/support/recipe.py, cached under
+The packages are converted once (decodebench/formats/coreml/recipe.py, cached under
 ~/.cache/decodebench/recipe). Prints the headroom report (the fp32 run's largest |value| per op
 against 65,504, on how many prompts), the waste list of the state and the KV-as-I/O packages
 (with the CPU time of the analysis and of the waste list on top of it), and CPU seconds per
@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from decodebench.analysis.analyze import analyze_graphs  # noqa: E402
 from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.mil.headroom import measure_headroom, render  # noqa: E402
-from decodebench.mil.program import quiet_coremltools  # noqa: E402
-from decodebench.mil.waste import find_waste  # noqa: E402
-from decodebench.mil.waste import render as render_waste  # noqa: E402
+from decodebench.doctor.headroom import measure_headroom, render  # noqa: E402
+from decodebench.doctor.waste import find_waste  # noqa: E402
+from decodebench.doctor.waste import render as render_waste  # noqa: E402
+from decodebench.formats.coreml.program import quiet_coremltools  # noqa: E402
+from decodebench.formats.coreml.recipe import recipe_package  # noqa: E402
 from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, chat_token_ids  # noqa: E402
-from tests.support.recipe import recipe_package  # noqa: E402
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ server, build worker and agent (two simulated iPhone classes) as processes on a 
     python bench/smollm2_doctor_job.py                        # 2 chat prompts x 8 greedy steps
     python bench/smollm2_doctor_job.py --prompts 5 --steps 16
 
-Uploads the recipe's package (converted once, tests/support/recipe.py), starts a doctor job,
+Uploads the recipe's package (converted once, decodebench/formats/coreml/recipe.py), starts a doctor job,
 waits for it and for its A/B sweep, downloads the repaired package, and prints the figures: the
 upload, the job's wall and worker seconds, the first overflow and the overflowing layers, the
 repairs and their agreement, the waste, the A/B rows (SIMULATED devices) and the load average.
@@ -27,8 +27,8 @@ from decodebench.cli import main as cli  # noqa: E402
 from decodebench.client import DecodebenchClient  # noqa: E402
 from decodebench.commands.cure import summary  # noqa: E402
 from decodebench.commands.submit import wait_for_sweep  # noqa: E402
+from decodebench.formats.coreml.recipe import recipe_package  # noqa: E402
 from scripts.stack import Stack, scratch_database  # noqa: E402
-from tests.support.recipe import recipe_package  # noqa: E402
 
 DEVICES = ["iphone-16-pro", "iphone-17-pro"]
 

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from decodebench.contracts.names import Driver
 from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.contracts.results import RunResult
+from decodebench.formats.coreml.program import MilError
 from decodebench.harness import (
     COMPLETE_MARKER,
     DONE_MARKER,
@@ -48,7 +49,6 @@ from decodebench.harness import (
     results_digest,
     run_prompts,
 )
-from decodebench.mil.program import MilError
 from decodebench.timing import (
     RooflineClock,
     RunNoise,

@@ -1,10 +1,10 @@
 """Greedy tokens of an emulated run, from the pushed ``.mlpackage`` itself.
 
-The MIL reference interpreter (``decodebench.mil``) runs the very program the agent pushed, so
+The MIL reference interpreter (``decodebench.formats.coreml``) runs the very program the agent pushed, so
 an emulated run's token ids are the artifact's, not those of a model rebuilt from its preset.
 Both KV layouts the builder makes are driven:
 
-- ``kv="state"``: the cache is the program's states (``decodebench.mil.verify.DecodeSession``);
+- ``kv="state"``: the cache is the program's states (``decodebench.formats.coreml.verify.DecodeSession``);
 - ``kv="input"``: the cache arrays are held here and passed as inputs ``key_cache_{i}`` /
   ``value_cache_{i}``; each step's outputs ``key_{i}`` / ``value_{i}`` are written at its
   position, as ``agent/drivers/host/driver.py`` and the Swift harness do, and the mask shows slots
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from decodebench.mil.inputs import recognise
-from decodebench.mil.interpreter import Interpreter
-from decodebench.mil.program import MilError, load_package
-from decodebench.mil.verify import DecodeSession
+from decodebench.formats.coreml.inputs import recognise
+from decodebench.formats.coreml.interpreter import Interpreter
+from decodebench.formats.coreml.program import MilError, load_package
+from decodebench.formats.coreml.verify import DecodeSession
 from decodebench.timing import TokenSource
 
 # "auto" interprets packages up to this size (tiny-gqa, 7 MiB, takes about 0.2 s a step on a
@@ -103,7 +103,7 @@ class HostKVSession:
 
 
 class MilTokens(TokenSource):
-    """The pushed package itself, run by the MIL reference interpreter (decodebench.mil)."""
+    """The pushed package itself, run by the MIL reference interpreter (decodebench.formats.coreml)."""
 
     source = "the pushed package run by the MIL reference interpreter"
 

@@ -213,8 +213,8 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def massive_llama_package(tmp_path_factory: pytest.TempPathFactory):
     """A 3-layer random transformers Llama whose residual carries a ~375 channel from layer 1 on,
-    converted by the Apple recipe (tests/support/recipe.py) in fp16: its norms overflow."""
-    from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+    converted by the Apple recipe (decodebench/formats/coreml/recipe.py) in fp16: its norms overflow."""
+    from decodebench.formats.coreml.recipe import convert_model, tiny_llama_with_massive_channel
 
     target = tmp_path_factory.mktemp("massive-llama") / "model.mlpackage"
     convert_model(tiny_llama_with_massive_channel(), target, "state", 64)
@@ -225,7 +225,7 @@ def massive_llama_package(tmp_path_factory: pytest.TempPathFactory):
 def smollm2_recipe_package(smollm2_folder):
     """SmolLM2-135M-Instruct converted by the Apple recipe (fp16, KV as state, context 256),
     converted once and cached under ~/.cache/decodebench/recipe."""
-    from tests.support.recipe import recipe_package
+    from decodebench.formats.coreml.recipe import recipe_package
 
     return recipe_package(smollm2_folder, "state", 256)
 
@@ -233,7 +233,7 @@ def smollm2_recipe_package(smollm2_folder):
 @pytest.fixture(scope="session")
 def massive_llama_io_package(tmp_path_factory: pytest.TempPathFactory):
     """The same model converted with its KV cache as inputs and outputs (the older layout)."""
-    from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+    from decodebench.formats.coreml.recipe import convert_model, tiny_llama_with_massive_channel
 
     target = tmp_path_factory.mktemp("massive-llama-io") / "model.mlpackage"
     convert_model(tiny_llama_with_massive_channel(), target, "io", 64)
@@ -244,7 +244,7 @@ def massive_llama_io_package(tmp_path_factory: pytest.TempPathFactory):
 def massive_llama_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """The transformers model the massive-llama packages are converted from, written by
     save_pretrained (config and safetensors, no tokenizer): their checkpoint."""
-    from tests.support.recipe import tiny_llama_with_massive_channel
+    from decodebench.formats.coreml.recipe import tiny_llama_with_massive_channel
 
     folder = tmp_path_factory.mktemp("massive-llama-checkpoint")
     tiny_llama_with_massive_channel().save_pretrained(folder)

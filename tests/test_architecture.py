@@ -38,7 +38,6 @@ LIBRARY_FLOORS: list[set[str]] = [
         "broker",
         "calibration",
         "client",
-        "coreml_compat",
         "detokenize",
         "harness",
         "prompts",
@@ -46,9 +45,13 @@ LIBRARY_FLOORS: list[set[str]] = [
         "timing",
         "toolchain",
     },
-    {"analysis", "judging", "modeling"},
-    {"mil"},
+    # A model format (``formats/<name>/``) reads its packages into the graph the analyses
+    # consume and runs the analyses on them: the two share a floor.
+    {"analysis", "formats", "judging", "modeling"},
     {"building", "modelfiles"},
+    # The doctor diagnoses and repairs packages a format built or a user uploaded; nothing that
+    # builds imports it, so it stays out of the build fingerprint (decodebench/toolchain.py).
+    {"doctor"},
     {"commands", "uploading"},
     {"cli", ""},
 ]
@@ -217,3 +220,17 @@ def test_no_modules_import_each_other_in_a_circle(graph: dict[str, set[str]]) ->
         if node not in index:
             visit(node)
     assert not circles, f"modules that import each other in a circle: {circles}"
+
+
+# Each model format's SDK, and the one folder that may import it.
+FORMAT_SDKS = {"coremltools": "decodebench.formats.coreml"}
+
+
+def test_only_a_formats_own_folder_imports_its_sdk(external: dict[str, set[str]]) -> None:
+    wrong = [
+        f"{name} imports {sdk}"
+        for name, found in external.items()
+        for sdk, home in FORMAT_SDKS.items()
+        if sdk in found and name != home and not name.startswith(home + ".")
+    ]
+    assert not wrong, "an SDK imported outside its format's folder:\n" + "\n".join(sorted(wrong))

@@ -1,5 +1,5 @@
 """A doctor job for the server: take the job's lease, fetch the package and the tokenizer, run
-:func:`decodebench.mil.doctor.doctor` (diagnosis, repair, proof) with its progress sent to the
+:func:`decodebench.doctor.doctor.doctor` (diagnosis, repair, proof) with its progress sent to the
 server, upload the repaired package and report. The server then registers the repaired package
 as a model and submits the A/B sweep of the two."""
 
@@ -91,9 +91,9 @@ def _cure(
 ) -> DoctorOutcome:
     from decodebench.building.package import package_from_zip
     from decodebench.building.sources import fetch_files
-    from decodebench.mil.checkpoint import has_checkpoint
-    from decodebench.mil.doctor import doctor
-    from decodebench.mil.program import MilError, quiet_coremltools
+    from decodebench.doctor.checkpoint import has_checkpoint
+    from decodebench.doctor.doctor import doctor
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
 
     steps_done = [0]
 
@@ -165,9 +165,9 @@ def _prompts(
 
 def _interface(package: Path) -> tuple[int, int]:
     """The package's vocabulary and context, read from its decode interface."""
-    from decodebench.mil.cache_io import decode_session
-    from decodebench.mil.interpreter import Interpreter
-    from decodebench.mil.program import load_package
+    from decodebench.formats.coreml.cache_io import decode_session
+    from decodebench.formats.coreml.interpreter import Interpreter
+    from decodebench.formats.coreml.program import load_package
 
     session = decode_session(Interpreter(load_package(package).program), package.name)
     return session.interface.vocab, session.interface.context

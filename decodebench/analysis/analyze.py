@@ -1,7 +1,7 @@
 """Static analysis of a saved ``.mlpackage``: op histogram, data moved per token, predicted tok/s.
 
 Reads the program protobuf (``Data/<root model>``); of the weights file only its size and a
-few tiny constants (see :mod:`decodebench.analysis.mlpackage`) are read. Sizes come from the MIL types, so nothing is executed, and any
+few tiny constants (see :mod:`decodebench.formats.coreml.graph`) are read. Sizes come from the MIL types, so nothing is executed, and any
 ML program can be analysed, including ones this project did not build: op types coremltools
 does not register are counted and listed in ``unknown_ops``, never fatal.
 
@@ -17,17 +17,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from decodebench.analysis.copies import redundant_copies
-from decodebench.analysis.known_ops import KNOWN_OPS
-from decodebench.analysis.mlpackage import (
-    AnalysisError,
-    FunctionGraph,
-    decode_function_name,
-    function_graphs,
-    load_program,
-    value_bytes,
-    value_dtype,
-    value_shape,
-)
 from decodebench.analysis.traffic import (
     dispatch_ops,
     kv_traffic,
@@ -47,6 +36,17 @@ from decodebench.contracts.names import (
     METADATA_SLIDING_CACHES,
     METADATA_SLIDING_WINDOW,
 )
+from decodebench.formats.coreml.graph import (
+    AnalysisError,
+    FunctionGraph,
+    decode_function_name,
+    function_graphs,
+    load_program,
+    value_bytes,
+    value_dtype,
+    value_shape,
+)
+from decodebench.formats.coreml.known_ops import KNOWN_OPS
 
 __all__ = [
     "ANALYSIS_VERSION",
@@ -143,7 +143,7 @@ def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
 
 def analyze_graphs(path: Path | str) -> tuple[GraphAnalysis, dict[str, FunctionGraph]]:
     """The analysis and the function graphs it read, for a caller that reads them further
-    (:func:`decodebench.mil.waste.find_waste`) without parsing the program again."""
+    (:func:`decodebench.doctor.waste.find_waste`) without parsing the program again."""
     spec, model_directory = load_program(path)
     graphs = function_graphs(spec, model_directory)
     decode_name = decode_function_name(spec)

@@ -21,15 +21,15 @@ from collections import Counter
 
 import numpy as np
 
-from decodebench.analysis.mlpackage import (
+from decodebench.analysis.traffic import GATHER_OPS, is_constant_op, through_views
+from decodebench.contracts.analysis import RedundantCopy
+from decodebench.formats.coreml.graph import (
     FunctionGraph,
     Operation,
     value_bytes,
     value_dtype,
     value_shape,
 )
-from decodebench.analysis.traffic import GATHER_OPS, is_constant_op, through_views
-from decodebench.contracts.analysis import RedundantCopy
 
 # A transpose smaller than this stays in on-chip memory; a larger one makes a round trip to DRAM.
 LARGE_TRANSPOSE_BYTES = 1 << 20

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from decodebench.analysis.mlpackage import (
+from decodebench.contracts.analysis import KvState
+from decodebench.formats.coreml.graph import (
     FunctionGraph,
     InlineValue,
     Operation,
@@ -29,7 +30,6 @@ from decodebench.analysis.mlpackage import (
     value_dtype,
     value_shape,
 )
-from decodebench.contracts.analysis import KvState
 
 # Inline (immediate) tensors at least this big are weights stored in the program itself;
 # smaller ones are shapes, axes and scalars (unless a constexpr op decompresses them).

@@ -5,7 +5,7 @@ either KV mode: with ``kv="state"`` the cache is the program's states; with ``kv
 host keeps it, feeds it in and writes each step's new K and V (``key_{i}`` / ``value_{i}``) at
 the step's position, as the device harness does. A package made elsewhere that passes its whole
 caches in and out (the older converters' layout) is driven by
-:class:`decodebench.mil.cache_io.CacheIoSession`. Every op is checked for non-finite values.
+:class:`decodebench.formats.coreml.cache_io.CacheIoSession`. Every op is checked for non-finite values.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from decodebench.mil.cache_io import cache_pairs, decode_session
-from decodebench.mil.inputs import recognise
-from decodebench.mil.interpreter import Interpreter, NonFiniteError
-from decodebench.mil.program import MilError, load_package
-from decodebench.mil.session import Session
-from decodebench.mil.verify import DecodeSession
+from decodebench.formats.coreml.cache_io import cache_pairs, decode_session
+from decodebench.formats.coreml.inputs import recognise
+from decodebench.formats.coreml.interpreter import Interpreter, NonFiniteError
+from decodebench.formats.coreml.program import MilError, load_package
+from decodebench.formats.coreml.session import Session
+from decodebench.formats.coreml.verify import DecodeSession
 
 CACHE_PREFIXES = ("key_cache_", "value_cache_")
 

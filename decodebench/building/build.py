@@ -11,7 +11,7 @@ Both are replaced atomically, so a crashed build never leaves a half-written art
 a valid-looking report. A build is keyed by (model identity, variant, toolchain): an identical
 request is answered from ``out_dir`` itself or from the :class:`~decodebench.building.cache.BuildCache`.
 With a cache, a model's sensitivity ranking is measured once and reused by its other variants
-(:mod:`decodebench.building.quant.ranking`).
+(:mod:`decodebench.building.ranking`).
 
 The stages run one after the other. Overlapping the sensitivity (torch, GIL released in its
 kernels) with tracing and conversion (pure Python) was measured and gained nothing: the
@@ -48,7 +48,7 @@ from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.recipes import parse_recipe
 
 if TYPE_CHECKING:
-    from decodebench.building.convert import Converter
+    from decodebench.formats.coreml.convert import Converter
 
 # What callers of the one build path also read from here.
 __all__ = [

@@ -32,7 +32,7 @@ from decodebench.contracts.recipes import TARGETS, QuantRecipe
 from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:
-    from decodebench.building.convert import Converter
+    from decodebench.formats.coreml.convert import Converter
 
 ProgressCallback = Callable[[str, float], None]
 
@@ -174,9 +174,9 @@ def convert_job(
 ) -> BuildReport:
     """Sensitivity, conversion, quantization, the finite check and the analysis of a loaded
     decoder (``torch_model``, fp16, built for ``config``) into ``job.out_dir``."""
-    from decodebench.building.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION, Conversion
-    from decodebench.building.quant.apply import QuantPlan
-    from decodebench.building.quant.ranking import sensitivity_report
+    from decodebench.building.ranking import sensitivity_report
+    from decodebench.formats.coreml.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION, Conversion
+    from decodebench.formats.coreml.quant.apply import QuantPlan
 
     converter = job.converter or DEFAULT_CONVERTER
     clock, recipe, variant = job.clock, job.recipe, job.variant
@@ -240,8 +240,8 @@ def check_finite_decode(package: Path) -> None:
     """Refuse a package whose decode, run in the reference interpreter on one prompt, makes a
     non-finite value (an fp16 overflow would make the device decode garbage)."""
     from decodebench.building.agreement import PackageDecoder
-    from decodebench.mil.defaults import DEFAULT_PROMPT
-    from decodebench.mil.interpreter import NonFiniteError
+    from decodebench.formats.coreml.defaults import DEFAULT_PROMPT
+    from decodebench.formats.coreml.interpreter import NonFiniteError
 
     try:
         PackageDecoder(package).greedy(DEFAULT_PROMPT, FINITE_CHECK_STEPS)

@@ -53,7 +53,7 @@ def adopt_package(job: Job, source: Path, config: ModelConfig) -> BuildReport:
     package that cannot be read, analysed or driven by the interpreter is a :class:`BuildError`
     naming it and why (it must follow the decode interface the harness drives)."""
     from decodebench.analysis.analyze import AnalysisError
-    from decodebench.mil.program import MilError
+    from decodebench.formats.coreml.program import MilError
 
     if job.variant.package is None:
         raise BuildError("package: this variant names no package")
@@ -89,10 +89,10 @@ def _adopt(job: Job, source: Path, config: ModelConfig) -> BuildReport:
 
 
 def _fold_and_verify(source: Path, target: Path, clock: StageClock) -> None:
-    from decodebench.mil.fold_package import fold_mlpackage
-    from decodebench.mil.interpreter import NonFiniteError
-    from decodebench.mil.program import MilError, quiet_coremltools
-    from decodebench.mil.verify import verify_packages
+    from decodebench.formats.coreml.fold_package import fold_mlpackage
+    from decodebench.formats.coreml.interpreter import NonFiniteError
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
+    from decodebench.formats.coreml.verify import verify_packages
 
     try:
         with clock.stage("fold"), quiet_coremltools():

@@ -31,8 +31,8 @@ def register(subparsers: Any) -> None:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from decodebench.analysis.analyze import AnalysisError, analyze_graphs, render_analysis
-    from decodebench.mil.waste import find_waste
-    from decodebench.mil.waste import render as render_waste
+    from decodebench.doctor.waste import find_waste
+    from decodebench.doctor.waste import render as render_waste
 
     try:
         analysis, graphs = analyze_graphs(Path(args.path))

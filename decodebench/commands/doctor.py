@@ -60,7 +60,7 @@ def default_out(package: Path) -> Path:
 
 def _prompts(args: argparse.Namespace) -> tuple[list[list[int]], str, Path | None]:
     """The prompts' token ids, where they come from, and the checkpoint folder (if any)."""
-    from decodebench.mil.checkpoint import has_checkpoint
+    from decodebench.doctor.checkpoint import has_checkpoint
     from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, chat_token_ids, has_tokenizer
 
     if not 1 <= args.prompts <= CHAT_PROMPT_COUNT:
@@ -105,7 +105,7 @@ def _config_vocab(folder: Path) -> int:
 
 
 def _check_paths(args: argparse.Namespace) -> tuple[Path, Path]:
-    from decodebench.mil.program import MilError
+    from decodebench.formats.coreml.program import MilError
 
     package = Path(args.package)
     if not (package / "Manifest.json").is_file():
@@ -121,8 +121,8 @@ def _check_paths(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from decodebench.mil.doctor import doctor
-    from decodebench.mil.program import MilError, quiet_coremltools
+    from decodebench.doctor.doctor import doctor
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
 
     source = ""
     said: list[str] = []
@@ -152,9 +152,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def render(report: Any, prompts: str = "") -> str:
     """The doctor's report as text: hazards, waste, repairs, agreement, analysis."""
-    from decodebench.mil.headroom import render as render_headroom
-    from decodebench.mil.repair import render as render_repair
-    from decodebench.mil.waste import render as render_waste
+    from decodebench.doctor.headroom import render as render_headroom
+    from decodebench.doctor.repair import render as render_repair
+    from decodebench.doctor.waste import render as render_waste
 
     lines = [
         f"doctor {report.package}: {report.prompts} prompts x {report.steps} greedy steps"

@@ -28,8 +28,8 @@ def register(subparsers: Any) -> None:
 
 def cmd_fold(args: argparse.Namespace) -> int:
     from decodebench.analysis.analyze import AnalysisError
-    from decodebench.mil.fold_package import fold_mlpackage, render
-    from decodebench.mil.program import MilError, quiet_coremltools
+    from decodebench.formats.coreml.fold_package import fold_mlpackage, render
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
 
     try:
         with quiet_coremltools():

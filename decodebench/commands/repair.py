@@ -63,11 +63,11 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     from decodebench.analysis.analyze import analyze_mlpackage
-    from decodebench.mil.headroom import render as render_headroom
-    from decodebench.mil.program import MilError, quiet_coremltools
-    from decodebench.mil.repair import Cure, render
-    from decodebench.mil.waste import find_waste
-    from decodebench.mil.waste import render as render_waste
+    from decodebench.doctor.headroom import render as render_headroom
+    from decodebench.doctor.repair import Cure, render
+    from decodebench.doctor.waste import find_waste
+    from decodebench.doctor.waste import render as render_waste
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
 
     try:
         if not (Path(args.source) / "Manifest.json").is_file():

@@ -19,7 +19,7 @@ AGREE, DIVERGE, ERROR = 0, 1, 2
 
 
 def register(subparsers: Any) -> None:
-    from decodebench.mil.defaults import DEFAULT_ATOL, DEFAULT_PROMPT, DEFAULT_RTOL
+    from decodebench.formats.coreml.defaults import DEFAULT_ATOL, DEFAULT_PROMPT, DEFAULT_RTOL
 
     parser = subparsers.add_parser(
         "verify",
@@ -67,9 +67,9 @@ def _prompt(text: str) -> list[int]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from decodebench.mil.inputs import load_mapping
-    from decodebench.mil.program import MilError, quiet_coremltools
-    from decodebench.mil.verify import verify_packages
+    from decodebench.formats.coreml.inputs import load_mapping
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
+    from decodebench.formats.coreml.verify import verify_packages
 
     try:
         mapping = load_mapping(args.inputs) if args.inputs else None

@@ -97,7 +97,7 @@ class VariantSpec(Incoming):
     quant: str = Field(
         default="fp16",
         max_length=200,
-        description="Quantization recipe: fp16, w8, w4, base, topK or rules (see decodebench.building.quant)",
+        description="Quantization recipe: fp16, w8, w4, base, topK or rules (see decodebench.formats.coreml.quant)",
     )
     package: str | None = Field(
         default=None,

@@ -13,7 +13,7 @@ Grammar (whitespace is ignored, rules are separated by commas)::
 - ``lutN`` palettizes the whole tensor to 2**N values (N in 2, 4, 6, 8), k-means in 1-D:
   ``constexpr_lut_to_dense``.
 - ``topK[=scheme]`` promotes the K decoder layers whose quantization hurts the output most
-  (measured, see :mod:`decodebench.building.quant.sensitivity`) to ``scheme`` (``int8`` by default), both
+  (measured, see :mod:`decodebench.formats.coreml.quant.sensitivity`) to ``scheme`` (``int8`` by default), both
   their attention and FFN weights.
 - Targets not named stay fp16. With tied embeddings the one shared matrix follows ``lm_head``.
 

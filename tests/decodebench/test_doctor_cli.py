@@ -16,7 +16,7 @@ def test_doctor_on_a_stateful_package_with_its_checkpoint(
     massive_llama_package, massive_llama_checkpoint, tmp_path
 ):
     from decodebench.contracts.doctor import DoctorReport
-    from decodebench.mil.program import load_package
+    from decodebench.formats.coreml.program import load_package
 
     out = tmp_path / "cured.mlpackage"
     done = run_cli(
@@ -48,7 +48,7 @@ def test_doctor_on_a_stateful_package_with_its_checkpoint(
 def test_doctor_on_a_kv_as_io_package_names_the_cache_traffic(
     massive_llama_io_package, massive_llama_checkpoint, tmp_path
 ):
-    from decodebench.mil.program import load_package
+    from decodebench.formats.coreml.program import load_package
 
     package = tmp_path / "io.mlpackage"
     shutil.copytree(massive_llama_io_package, package)

@@ -70,7 +70,7 @@ def test_a_change_to_the_building_code_misses_the_build_cache(tmp_path) -> None:
     cache.store(key, out)
     assert cache.lookup(key) is not None
 
-    with (copy / "building" / "convert.py").open("a") as source:
+    with (copy / "formats" / "coreml" / "convert.py").open("a") as source:
         source.write("\n# a graph change\n")
     after = code_fingerprint(copy)
     assert after != before
@@ -79,3 +79,22 @@ def test_a_change_to_the_building_code_misses_the_build_cache(tmp_path) -> None:
     # A worker on other code refuses the server's build by name rather than mislabel it.
     with pytest.raises(ToolchainMismatch, match=f"build expects code {before}, this host has"):
         check_toolchain(toolchain, {**toolchain, "code": after})
+
+
+def test_the_doctor_is_not_building_code_and_every_format_is(tmp_path) -> None:
+    """Editing a doctor module leaves the fingerprint alone (no build is made by it), editing any
+    module in a format's folder moves it: the interpreter and the fold shape what a build proves."""
+    import shutil
+
+    from decodebench.toolchain import PACKAGE_ROOT, code_fingerprint
+
+    copy = tmp_path / "decodebench"
+    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_fingerprint(copy)
+    assert before == code_fingerprint()
+    with (copy / "doctor" / "repair.py").open("a") as source:
+        source.write("\n# a doctor change\n")
+    assert code_fingerprint(copy) == before
+    with (copy / "formats" / "coreml" / "interpreter.py").open("a") as source:
+        source.write("\n# an interpreter change\n")
+    assert code_fingerprint(copy) != before

@@ -163,7 +163,7 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
     import coremltools as ct
 
     from decodebench.building.job import check_finite_decode
-    from decodebench.mil.repair import REPAIR_METADATA_KEY
+    from decodebench.doctor.repair import REPAIR_METADATA_KEY
 
     loaded = ct.models.MLModel(str(repaired), skip_model_load=True)
     assert "norms made overflow-safe" in loaded.user_defined_metadata[REPAIR_METADATA_KEY]

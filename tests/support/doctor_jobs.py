@@ -17,7 +17,7 @@ CONTEXT = 128
 
 def massive_channel_package(root: Path, vocab_size: int = SMOLLM2_VOCAB) -> Path:
     """Converted once into ``root`` (seconds); the package's path."""
-    from tests.support.recipe import convert_model, tiny_llama_with_massive_channel
+    from decodebench.formats.coreml.recipe import convert_model, tiny_llama_with_massive_channel
 
     package = root / f"massive-v{vocab_size}.mlpackage"
     root.mkdir(parents=True, exist_ok=True)
@@ -32,7 +32,7 @@ def massive_channel_package(root: Path, vocab_size: int = SMOLLM2_VOCAB) -> Path
 def massive_channel_checkpoint(root: Path, tokenizer: Path) -> Path:
     """The package's source as a user uploads it: the same seeded transformers model, written by
     ``save_pretrained``, with the tokenizer files of ``tokenizer`` (SmolLM2's folder)."""
-    from tests.support.recipe import tiny_llama_with_massive_channel
+    from decodebench.formats.coreml.recipe import tiny_llama_with_massive_channel
 
     folder = root / "massive-checkpoint"
     root.mkdir(parents=True, exist_ok=True)

@@ -119,7 +119,7 @@ def check_packages(
     from decodebench.building.build import PACKAGE_NAME, build_variant
     from decodebench.building.reference import reference_outputs
     from decodebench.contracts.domain import VariantSpec
-    from decodebench.mil.program import quiet_coremltools
+    from decodebench.formats.coreml.program import quiet_coremltools
 
     (expected,) = reference_outputs(folder, [prompt], steps)
     along = reference_logits(folder, prompt + expected[:-1])[len(prompt) - 1 :]

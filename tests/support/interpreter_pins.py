@@ -3,7 +3,7 @@
 ``python -m tests.support.interpreter_pins`` (from the repository root, with ``PYTHONPATH=.``) runs the
 interpreter on
 
-- every op case of ``tests/decodebench/mil/test_interpreter.py``, with fp32 inputs and again with fp16 inputs
+- every op case of ``tests/decodebench/formats/coreml/test_interpreter.py``, with fp32 inputs and again with fp16 inputs
   (an fp16 program rounds every intermediate);
 - the project's tiny builds (fp16, 8-bit and 4-bit weights, both attention layouts), decoding a
   short prompt then greedy tokens: every position's logits;
@@ -17,7 +17,7 @@ another order: on a CPU with AVX-512 its SkylakeX kernels make 7 of SmolLM2's 16
 from the Haswell kernels' in the last bit, with the same tokens. So SmolLM2 is decoded, to pin and
 to check, in a process of its own with ``OPENBLAS_CORETYPE=Haswell`` (read when NumPy loads
 OpenBLAS): the pin holds the interpreter's numerics, not the host's choice of kernels.
-``tests/decodebench/mil/test_interpreter_equality.py`` runs the same programs and asks for the same bits.
+``tests/decodebench/formats/coreml/test_interpreter_equality.py`` runs the same programs and asks for the same bits.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SMOLLM2_STEPS = 8
 
 def op_cases() -> Iterator[tuple[str, Any, tuple[np.ndarray, ...]]]:
     """Every op case of the interpreter tests, fp32 then (float inputs) fp16."""
-    from tests.decodebench.mil.test_interpreter import CASES
+    from tests.decodebench.formats.coreml.test_interpreter import CASES
 
     for name in sorted(CASES):
         build, arrays, _ = CASES[name]
@@ -61,7 +61,7 @@ def op_cases() -> Iterator[tuple[str, Any, tuple[np.ndarray, ...]]]:
 
 
 def run_op_case(build: Any, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
-    from tests.decodebench.mil.test_interpreter import run
+    from tests.decodebench.formats.coreml.test_interpreter import run
 
     return run(build, *arrays)
 
@@ -69,7 +69,7 @@ def run_op_case(build: Any, arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
 def build_tiny(preset: str, attention: str, quant: str, directory: Path) -> Path:
     from decodebench.building.build import PACKAGE_NAME, build_variant
     from decodebench.contracts.domain import Attention, VariantSpec
-    from decodebench.mil.program import quiet_coremltools
+    from decodebench.formats.coreml.program import quiet_coremltools
 
     variant = VariantSpec(attention=Attention(attention), context=TINY_CONTEXT, quant=quant)
     out = directory / f"{preset}-{attention}-{quant}"
@@ -80,7 +80,7 @@ def build_tiny(preset: str, attention: str, quant: str, directory: Path) -> Path
 
 def decode(package: Path, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
     """Greedy tokens after ``prompt`` and every position's logits, one program step each."""
-    from decodebench.mil.verify import open_session
+    from decodebench.formats.coreml.verify import open_session
 
     session = open_session(package)
     token, tokens, rows = prompt[0], [], []

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from coremltools.converters.mil.mil import Program
 
-from decodebench.mil.interpreter import numpy_dtype
-from decodebench.mil.ops import KERNELS, OpArgs
+from decodebench.formats.coreml.interpreter import numpy_dtype
+from decodebench.formats.coreml.ops import KERNELS, OpArgs
 
 
 def decompression_oracles(program: Program) -> int:
@@ -48,7 +48,7 @@ def decoder_norm(width: int) -> Program:
     import coremltools as ct
     import torch
 
-    from decodebench.mil.program import quiet_coremltools
+    from decodebench.formats.coreml.program import quiet_coremltools
     from decodebench.modeling import RMSNorm
 
     norm = RMSNorm(width, 1e-5).eval()

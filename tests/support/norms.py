@@ -2,7 +2,7 @@
 
 Each module takes ``x`` [1, 1, width]; :func:`converted_norm` traces and converts it with the
 default passes in fp16 (what drops transformers' fp32 upcast) and returns the pymil program,
-ready for the interpreter and for :func:`decodebench.mil.norm_repair.repair_norms`.
+ready for the interpreter and for :func:`decodebench.formats.coreml.norm_repair.repair_norms`.
 :func:`massive_row` is an input with one massive-activation channel, the kind that makes
 ``x ** 2`` overflow in fp16.
 """
@@ -75,11 +75,11 @@ def converted_norm(module: nn.Module) -> Any:
     """``module`` traced and converted to an fp16 ML program (pymil)."""
     import coremltools as ct
 
-    from decodebench import coreml_compat
+    from decodebench.formats.coreml import compat
 
-    coreml_compat.install()
+    compat.install()
     example = torch.randn(1, 1, WIDTH)
-    traced = coreml_compat.trace(module.eval(), (example,))
+    traced = compat.trace(module.eval(), (example,))
     return ct.convert(
         traced,
         inputs=[ct.TensorType(name="x", shape=(1, 1, WIDTH), dtype=np.float16)],

@@ -1,8 +1,8 @@
 """Decode a built package on this CPU with its weights at their stored precision.
 
-The program is the package's own (loaded by :func:`decodebench.mil.program.load_package`) and
+The program is the package's own (loaded by :func:`decodebench.formats.coreml.program.load_package`) and
 runs in the reference interpreter, except that every ``linear`` over a package constant runs on
-:mod:`agent.drivers.host.kernels`, whose weights stay int8, packed int4, palettized or fp16 as
+:mod:`decodebench.formats.coreml.host_kernels`, whose weights stay int8, packed int4, palettized or fp16 as
 stored: the ``constexpr_*`` ops that fed them are never decompressed into a full copy. What is
 left to the interpreter (attention over the KV-cache states, norms, the embedding gather) is
 the same code the interpreter runs, so the greedy tokens are the interpreter's.
@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from agent.drivers.host.kernels import PackedLinear, pack_linear
-from decodebench.mil.inputs import recognise
-from decodebench.mil.interpreter import Interpreter
-from decodebench.mil.program import MilError, load_package
-from decodebench.mil.verify import DecodeSession
+from decodebench.formats.coreml.host_kernels import PackedLinear, pack_linear
+from decodebench.formats.coreml.inputs import recognise
+from decodebench.formats.coreml.interpreter import Interpreter
+from decodebench.formats.coreml.program import MilError, load_package
+from decodebench.formats.coreml.verify import DecodeSession
 
 
 class HostInterpreter(Interpreter):

@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.drivers.host.kernels import (
+from agent.drivers.host.memory import StreamBandwidth
+from decodebench.formats.coreml.host_kernels import (
     BlockwiseLinear,
     Fp16Linear,
     Int4Linear,
     Int8Linear,
     PackedLinear,
 )
-from agent.drivers.host.memory import StreamBandwidth
 
 PROBE_ROWS = 8192
 PROBE_COLUMNS = 1024

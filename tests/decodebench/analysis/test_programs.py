@@ -18,8 +18,8 @@ from coremltools.proto import Model_pb2
 
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.analysis.copies import LARGE_TRANSPOSE_BYTES
-from decodebench.analysis.known_ops import KNOWN_OPS
 from decodebench.contracts.profiles import IPHONE_17_PRO
+from decodebench.formats.coreml.known_ops import KNOWN_OPS
 
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 

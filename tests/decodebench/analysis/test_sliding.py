@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from decodebench.analysis.analyze import analyze_mlpackage, render_analysis
-from decodebench.building.convert import (
+from decodebench.contracts.analysis import GraphAnalysis
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.presets import GEMMA_3_1B, ModelConfig
+from decodebench.formats.coreml.convert import (
     DECODE_FUNCTION,
     PREFILL_FUNCTION,
     Conversion,
     CoreMLToolsConverter,
 )
-from decodebench.contracts.analysis import GraphAnalysis
-from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.presets import GEMMA_3_1B, ModelConfig
-from decodebench.mil.program import quiet_coremltools
+from decodebench.formats.coreml.program import quiet_coremltools
 from decodebench.modeling import build_model
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from decodebench.building.agreement import measure_agreement
 from decodebench.building.build import PACKAGE_NAME, build_variant
 from decodebench.building.reference import reference_outputs
 from decodebench.contracts.domain import Attention, KVCache, VariantSpec
-from decodebench.mil.program import quiet_coremltools
+from decodebench.formats.coreml.program import quiet_coremltools
 from decodebench.prompts import (
     CHAT_PROMPT_COUNT,
     chat_prompts,

@@ -26,7 +26,7 @@ def doctored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DoctorRepo
     """The package zipped, its doctor report on 2 chat prompts x 4 steps, the repaired zip."""
     from decodebench.artifacts import pack_directory
     from decodebench.building.realmodels import fetch_model
-    from decodebench.mil.doctor import doctor
+    from decodebench.doctor.doctor import doctor
     from decodebench.prompts import chat_prompts, chat_token_ids
 
     root = tmp_path_factory.mktemp("doctored")

@@ -77,7 +77,7 @@ def measure(tmp_path: Path, path: Path) -> tuple[RunResult, HostRoofline, Harnes
 def interpreter_tokens(artifact_path: Path, tmp_path: Path, prompt: list[int]) -> list[int]:
     """The MIL reference interpreter's greedy tokens for the package inside the artifact."""
     from agent.drivers.host.decode import greedy_tokens
-    from decodebench.mil.verify import open_session
+    from decodebench.formats.coreml.verify import open_session
 
     with zipfile.ZipFile(artifact_path) as archive:
         archive.extractall(tmp_path / "reference")
