@@ -251,7 +251,6 @@ OVER_THE_LIMIT = {
     "decodebench/formats/coreml/anatomy.py:places",
     "decodebench/doctor/repair.py",
     "decodebench/doctor/waste.py:find_waste",
-    "decodebench/client.py",
     "decodebench/contracts/domain.py",
     "decodebench/judging/adaptive.py",
     "server/ui/charts.py:trend_chart",

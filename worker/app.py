@@ -74,8 +74,8 @@ def doctor_task(job_id: int) -> str:
 def reconcile_task() -> list[int]:
     """Builds and doctor jobs whose worker was lost (or whose message was) are queued again."""
     with DecodebenchClient(settings.server_url, settings.token) as client:
-        reenqueued = client.reconcile_builds()
-        doctor = client.reconcile_doctor()
+        reenqueued = client.builds.reconcile()
+        doctor = client.doctor_jobs.reconcile()
     if reenqueued:
         log.info("re-enqueued builds %s", reenqueued)
     if doctor:

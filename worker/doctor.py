@@ -1,84 +1,46 @@
-"""A doctor job for the server: take the job's lease, fetch the package and the tokenizer, run
+"""A doctor job for the server, the leased-work loop (worker/leased.py) with the doctor's
+handler: fetch the package and the tokenizer, run
 :func:`decodebench.doctor.doctor.doctor` (diagnosis, repair, proof) with its progress sent to the
 server, upload the repaired package and report. The server then registers the repaired package
 as a model and submits the A/B sweep of the two."""
 
 from __future__ import annotations
 
-import logging
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from decodebench.artifacts import pack_directory
-from decodebench.client import ApiError, DecodebenchClient
+from decodebench.client import DecodebenchClient, LeasedWork
 from decodebench.contracts.doctor_jobs import DEFAULT_TOKENIZER, DoctorAssignment, DoctorOutcome
 from decodebench.contracts.uploads import UPLOAD_PREFIX
-from worker.builds import LeaseLost, LeaseRenewal, _delivered
 from worker.config import WorkerSettings
+from worker.leased import Held, LeasedKind, WorkError, delivered, run_leased
 
-log = logging.getLogger(__name__)
 
-
-class DoctorError(Exception):
+class DoctorError(WorkError):
     """The job cannot run as asked (its message is the job's error)."""
 
 
-class DoctorLease(LeaseRenewal):
-    what = "doctor job"
+def _doctor_jobs(client: DecodebenchClient) -> LeasedWork[DoctorAssignment]:
+    return client.doctor_jobs
 
-    def _report(
-        self, client: DecodebenchClient, job_id: int, lease: str, stage: str, fraction: float
-    ) -> None:
-        client.report_doctor_progress(job_id, lease, stage, fraction)
 
-    def _renewal(self, client: DecodebenchClient, job_id: int, lease: str) -> None:
-        client.renew_doctor_lease(job_id, lease)
+def _handle(held: Held[DoctorAssignment]) -> tuple[DoctorOutcome, str]:
+    outcome = _cure(
+        held.client, held.assignment, held.settings, held.tmp, held.progress, held.lease
+    )
+    return outcome, f"done {outcome.artifact_sha256}"
+
+
+# A completion the server refuses as invalid (the A/B sweep cannot be made of it) fails the job.
+DOCTOR_JOBS = LeasedKind(
+    noun="doctor job", calls=_doctor_jobs, handle=_handle, fail_refused_completion=True
+)
 
 
 def run_doctor(job_id: int, settings: WorkerSettings) -> str:
     """Returns what happened, for the task's result and the log."""
-    with DecodebenchClient(settings.server_url, settings.token) as client:
-        assignment = client.get_doctor_assignment(job_id)
-        start = client.start_doctor(job_id, settings.name)
-        if not start.proceed or start.lease is None:
-            return f"skipped: doctor job is {start.state}"
-        lease = start.lease
-        renewal = DoctorLease(settings, job_id, lease, start.lease_seconds or 120.0)
-        settings.work_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=settings.work_dir, prefix=f"doctor-{job_id}-") as tmp:
-            try:
-                outcome = _cure(client, assignment, settings, Path(tmp), renewal, lease)
-            except LeaseLost as error:
-                renewal.stop()
-                log.warning("doctor job %s: stopped, %s", job_id, error)
-                return f"refused: {error}"
-            except Exception as error:
-                log.exception("doctor job %s failed", job_id)
-                renewal.stop()
-                client.fail_doctor(job_id, lease, _reason(error))
-                return f"failed: {error}"
-            renewal.stop()
-            try:
-                _delivered(
-                    lambda: client.complete_doctor(job_id, outcome),
-                    settings,
-                    f"doctor job {job_id} report",
-                )
-            except ApiError as error:
-                if error.status_code == 409:
-                    log.warning("doctor job %s: completion refused: %s", job_id, error)
-                    return f"refused: {error}"
-                if error.status_code == 422:  # e.g. the A/B sweep cannot be made of it
-                    client.fail_doctor(job_id, lease, f"completion refused: {error.detail}")
-                    return f"failed: {error}"
-                raise
-            return f"done {outcome.artifact_sha256}"
-
-
-def _reason(error: Exception) -> str:
-    if isinstance(error, DoctorError):
-        return str(error)
-    return f"{type(error).__name__}: {error}"
+    return run_leased(DOCTOR_JOBS, job_id, settings)
 
 
 def _cure(
@@ -86,7 +48,7 @@ def _cure(
     assignment: DoctorAssignment,
     settings: WorkerSettings,
     tmp: Path,
-    renewal: LeaseRenewal,
+    report_progress: Callable[[str, float], None],
     lease: str,
 ) -> DoctorOutcome:
     from decodebench.building.package import package_from_zip
@@ -101,7 +63,7 @@ def _cure(
         if fraction is None:  # a message from doctor(): creep towards 0.95
             steps_done[0] += 1
             fraction = min(0.95, 0.2 + 0.1 * steps_done[0])
-        renewal.progress(stage, fraction)
+        report_progress(stage, fraction)
 
     progress("fetching the package", 0.02)
     view = client.get_model(assignment.package)
@@ -137,7 +99,7 @@ def _cure(
             raise DoctorError(f"doctor: {error}") from None
     progress("uploading the repaired package", 0.97)
     packed = pack_directory(out, tmp / "repaired.zip")
-    sha256 = _delivered(
+    sha256 = delivered(
         lambda: client.upload_artifact(packed), settings, f"doctor job {assignment.job_id} package"
     )
     return DoctorOutcome(lease=lease, artifact_sha256=sha256, context=context, report=report)

@@ -3,8 +3,8 @@
 - :class:`DoctorRequest`: what a user asks for (``POST /api/v1/doctor``);
 - :class:`DoctorJobView`: the one JSON document of a job (state, progress, the
   :class:`~decodebench.contracts.doctor.DoctorReport`, the repaired model, the A/B sweep);
-- the worker's side: :class:`DoctorAssignment`, :class:`DoctorStart`, :class:`DoctorProgress`,
-  :class:`DoctorOutcome`, :class:`DoctorFailure`, leased like a build's.
+- the worker's side: :class:`DoctorAssignment` and :class:`DoctorOutcome`; the lease, progress
+  and failure reports are every leased kind's (decodebench/contracts/leases.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pydantic import ConfigDict, Field, StrictInt, field_validator
 from decodebench.contracts.api import ComparisonRow
 from decodebench.contracts.base import Contract, Incoming
 from decodebench.contracts.doctor import DoctorReport
+from decodebench.contracts.leases import Lease
 from decodebench.contracts.names import SweepState
 from decodebench.contracts.profiles import known_device_classes
 from decodebench.contracts.uploads import MODEL_NAME, UPLOAD_PREFIX
-from decodebench.contracts.workers import LEASE_PATTERN
 
 DEFAULT_TOKENIZER = "smollm2-135m"
 MAX_DOCTOR_PROMPTS = 30
@@ -144,33 +144,13 @@ class DoctorAssignment(Contract):
     state: DoctorState
 
 
-class DoctorStart(Contract):
-    proceed: bool
-    state: DoctorState
-    lease: str | None = Field(default=None, description="Send it with every later report")
-    lease_seconds: float | None = Field(default=None, description="Renew before it runs out")
-
-
-class DoctorLease(Incoming):
-    lease: str = Field(pattern=LEASE_PATTERN)
-
-
-class DoctorProgress(DoctorLease):
-    stage: str = Field(min_length=1, max_length=200)
-    fraction: float = Field(ge=0, le=1)
-
-
-class DoctorOutcome(DoctorLease):
+class DoctorOutcome(Lease):
     """The repaired package's zip (already in the artifact store), its KV length (the A/B
     sweep's context) and the report."""
 
     artifact_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     context: StrictInt = Field(ge=1, le=65536)
     report: DoctorReport
-
-
-class DoctorFailure(DoctorLease):
-    reason: str = Field(min_length=1, max_length=4000)
 
 
 class DoctorStateView(Contract):

@@ -1,12 +1,14 @@
-"""The build worker protocol: the builds a worker is given, and what it reports back."""
+"""The build worker protocol: the builds a worker is given, and what it reports back (the lease,
+progress and failure reports are every leased kind's: decodebench/contracts/leases.py)."""
 
 from __future__ import annotations
 
-from pydantic import Field, StrictFloat
+from pydantic import Field
 
-from decodebench.contracts.base import Contract, Incoming
+from decodebench.contracts.base import Contract
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.leases import Lease
 
 
 class PromptSetRequest(Contract):
@@ -32,39 +34,8 @@ class BuildAssignment(Contract):
     )
 
 
-LEASE_PATTERN = r"^[0-9a-f]{32}$"
-
-
-class BuildStart(Contract):
-    """The answer to a worker asking to build: go ahead under this lease, or not."""
-
-    proceed: bool
-    state: str
-    lease: str | None = Field(default=None, description="Send it with every later report")
-    lease_seconds: float | None = Field(default=None, description="Renew before it runs out")
-
-
-class WorkerIdentity(Incoming):
-    worker: str = Field(min_length=1, max_length=255)
-
-
-class BuildLease(Incoming):
-    """What proves a worker still holds the build it reports on."""
-
-    lease: str = Field(pattern=LEASE_PATTERN)
-
-
-class BuildProgress(BuildLease):
-    stage: str = Field(min_length=1, max_length=64)
-    fraction: StrictFloat = Field(ge=0, le=1)
-
-
-class BuildOutcome(BuildLease):
+class BuildOutcome(Lease):
     """A finished build: the artifact's address plus its build.json (report and analysis)."""
 
     artifact_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     report: BuildReport = Field(description="build.json as written by the builder")
-
-
-class BuildFailure(BuildLease):
-    reason: str = Field(min_length=1, max_length=4000)

@@ -4,32 +4,24 @@ from fastapi import APIRouter
 from pydantic import Field
 
 from decodebench.analysis.diff import GraphDiff
-from decodebench.contracts.api import BuildDetail, BuildStateView, Reenqueued
+from decodebench.contracts.api import BuildDetail, BuildStateView
 from decodebench.contracts.base import Incoming
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import BuildState
-from decodebench.contracts.workers import (
-    BuildAssignment,
-    BuildFailure,
-    BuildLease,
-    BuildOutcome,
-    BuildProgress,
-    BuildStart,
-    WorkerIdentity,
-)
+from decodebench.contracts.workers import BuildAssignment, BuildOutcome
 from server.artifacts.endpoints import get_store
 from server.auth import AdminToken, SessionDep, UserToken, WorkerToken
 from server.builds import service
 from server.builds.diff import diff_builds
 from server.builds.references import prompt_set_of
 from server.builds.views import build_detail
-from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS, InvalidInput
+from server.lease_endpoints import add_lease_routes
 from server.paths import RowId
-from server.sweeps.control import fail_unschedulable_runs
-from server.tasks import enqueue_build
 
 router = APIRouter(prefix="/api/v1/builds", tags=["builds"], responses=AUTHENTICATED_ERRORS)
+# start, lease, progress, fail and reconcile: as for every leased kind
+add_lease_routes(router, service.BUILDS, "build_id")
 
 
 class OperatorAction(Incoming):
@@ -62,30 +54,6 @@ def assignment(build_id: RowId, token: WorkerToken, session: SessionDep) -> Buil
     )
 
 
-@router.post("/{build_id}/start", response_model=BuildStart)
-def start(
-    build_id: RowId, body: WorkerIdentity, token: WorkerToken, session: SessionDep
-) -> BuildStart:
-    lease_seconds = get_settings().build_lease_seconds
-    proceed, build = service.start_build(session, build_id, body.worker, lease_seconds)
-    if not proceed:
-        return BuildStart(proceed=False, state=build.state)
-    return BuildStart(
-        proceed=True, state=build.state, lease=build.lease_token, lease_seconds=lease_seconds
-    )
-
-
-@router.post("/{build_id}/lease", status_code=204)
-def renew(build_id: RowId, body: BuildLease, token: WorkerToken, session: SessionDep) -> None:
-    """The worker building it is alive: its lease runs on."""
-    service.renew_build_lease(session, build_id, body.lease, get_settings().build_lease_seconds)
-
-
-@router.post("/{build_id}/progress", status_code=204)
-def progress(build_id: RowId, body: BuildProgress, token: WorkerToken, session: SessionDep) -> None:
-    service.record_progress(session, build_id, body, get_settings().build_lease_seconds)
-
-
 @router.post("/{build_id}/complete", response_model=BuildStateView)
 def complete(
     build_id: RowId, body: BuildOutcome, token: WorkerToken, session: SessionDep
@@ -93,27 +61,6 @@ def complete(
     if not get_store().exists(body.artifact_sha256):
         raise InvalidInput(f"artifact {body.artifact_sha256} has not been uploaded")
     return BuildStateView(state=BuildState(service.complete_build(session, build_id, body).state))
-
-
-@router.post("/{build_id}/fail", response_model=BuildStateView)
-def fail(
-    build_id: RowId, body: BuildFailure, token: WorkerToken, session: SessionDep
-) -> BuildStateView:
-    return BuildStateView(state=BuildState(service.fail_build(session, build_id, body).state))
-
-
-@router.post("/reconcile", response_model=Reenqueued)
-def reconcile(token: WorkerToken, session: SessionDep) -> Reenqueued:
-    """Queue again builds whose worker's lease ran out, and re-send queued builds no worker has
-    started lately (their message may have been lost)."""
-    settings = get_settings()
-    expired = service.expire_build_leases(session, settings.max_build_attempts)
-    stale = service.builds_to_reenqueue(session, older_than_seconds=settings.requeue_after_seconds)
-    build_ids = sorted(set(expired) | set(stale))
-    for build_id in build_ids:
-        enqueue_build(session, build_id)
-    fail_unschedulable_runs(session, settings.unschedulable_wait_seconds)
-    return Reenqueued(reenqueued=build_ids)
 
 
 @router.post("/{build_id}/abandon", response_model=BuildStateView)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from decodebench.contracts.api import BuildStateView
 from decodebench.contracts.domain import VariantSpec, build_key
-from decodebench.contracts.workers import BuildFailure, BuildOutcome, BuildProgress
+from decodebench.contracts.workers import BuildOutcome
 from server import leases, tenancy
 from server.builds.references import check_references
+from server.config import Settings
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
 from server.runs.service import refresh_sweeps_of_build
+from server.sweeps.control import fail_unschedulable_runs
 from server.tasks import enqueue_build
 from server.transitions import move, record_created
 
@@ -72,56 +75,20 @@ def get_or_create_build(
     return build
 
 
-def start_build(
-    session: Session, build_id: int, worker: str, lease_seconds: float
-) -> tuple[bool, Build]:
-    """A worker asks to build: it proceeds, under a new lease, when the build is queued or its
-    last worker's lease has run out; a build someone holds, or a finished one, is not redone."""
-    build = get_build(session, build_id, lock=True)
-    started = leases.take(
-        session, "build", build, worker, lease_seconds,
-        BuildState.building, (BuildState.succeeded, BuildState.failed),
-    )  # fmt: skip
-    return started, build
-
-
-def held_build(session: Session, build_id: int, lease: str) -> Build:
-    """The build, locked, if the caller holds its lease; a report from anyone else is refused."""
-    build = get_build(session, build_id, lock=True)
-    leases.check_held(build, f"build {build_id}", BuildState.building, lease)
-    return build
-
-
-def renew_build_lease(session: Session, build_id: int, lease: str, lease_seconds: float) -> Build:
-    build = held_build(session, build_id, lease)
-    leases.renew(build, lease_seconds)
-    return build
-
-
-def record_progress(
-    session: Session, build_id: int, progress: BuildProgress, lease_seconds: float
-) -> None:
-    build = renew_build_lease(session, build_id, progress.lease, lease_seconds)
-    build.stage = progress.stage
-    build.progress = progress.fraction
-
-
 def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Build:
     build = get_build(session, build_id, lock=True)
     if build.state == BuildState.succeeded and build.artifact_sha256 == outcome.artifact_sha256:
         return build  # the same completion again: its response was lost on the wire
-    build = held_build(session, build_id, outcome.lease)
+    build = leases.held(session, BUILDS, build_id, outcome.lease)
     if outcome.report.key != build.key:
         raise InvalidInput(f"report key {outcome.report.key} is not build {build.key}")
     check_references(session, build, outcome.report)
     build.artifact_sha256 = outcome.artifact_sha256
     build.report = outcome.report.model_dump(mode="json")
-    build.lease_token = None
-    build.lease_expires_at = None
     build.stage = "done"
     build.progress = 1.0
     build.finished_at = datetime.now(UTC)
-    build.updated_at = build.finished_at
+    leases.release(build, build.finished_at)
     move(session, "build", build, BuildState.succeeded, "artifact uploaded and analysed")
     waiting = session.scalars(
         select(Run).where(Run.build_id == build_id, Run.state == RunState.waiting_build)
@@ -132,18 +99,11 @@ def complete_build(session: Session, build_id: int, outcome: BuildOutcome) -> Bu
     return build
 
 
-def fail_build(session: Session, build_id: int, failure: BuildFailure) -> Build:
-    """The worker holding the build gives up on it, saying why."""
-    return _fail(session, held_build(session, build_id, failure.lease), failure.reason)
-
-
 def _fail(session: Session, build: Build, reason: str) -> Build:
     """Fail the build and every run that was to measure it (a failed build measures nothing)."""
     build.error = reason
     build.finished_at = datetime.now(UTC)
-    build.updated_at = build.finished_at
-    build.lease_token = None
-    build.lease_expires_at = None
+    leases.release(build, build.finished_at)
     move(session, "build", build, BuildState.failed, reason)
     unfinished = session.scalars(
         select(Run)
@@ -195,44 +155,28 @@ def rebuild(session: Session, build_id: int, reason: str, by: str) -> Build:
     return build
 
 
-def expire_build_leases(session: Session, max_attempts: int) -> list[int]:
-    """Builds whose worker stopped renewing its lease (killed, partitioned): queued again, or
-    failed after their last attempt. Returns the ids queued again (to be sent to a worker)."""
-    now = datetime.now(UTC)
-    expired = session.scalars(
-        select(Build)
-        .where(Build.state == BuildState.building, Build.lease_expires_at < now)
-        .with_for_update(skip_locked=True)
-    ).all()
-    requeued = []
-    for build in expired:
-        silent = f"{build.worker} stopped renewing its lease"
-        if build.attempts >= max_attempts:
-            _fail(session, build, f"{silent}; gave up after {build.attempts} attempts")
-            continue
-        build.lease_token = None
-        build.lease_expires_at = None
-        build.stage = None
-        build.progress = 0.0
-        build.updated_at = now
-        move(session, "build", build, BuildState.queued, f"{silent}; queued again")
-        requeued.append(build.id)
-    return requeued
+def _get_locked(session: Session, build_id: int, lock: bool) -> Build:
+    return get_build(session, build_id, lock=lock)
 
 
-def builds_to_reenqueue(session: Session, older_than_seconds: float) -> list[int]:
-    """Queued builds no worker has started lately: their message may have been lost."""
-    now = datetime.now(UTC)
-    stale = session.scalars(
-        select(Build.id).where(
-            Build.state == BuildState.queued,
-            Build.updated_at < _seconds_before(now, older_than_seconds),
-        )
-    ).all()
-    if stale:
-        session.execute(update(Build).where(Build.id.in_(stale)).values(updated_at=now))
-    return list(stale)
+def _fail_unschedulable(session: Session, settings: Settings) -> None:
+    fail_unschedulable_runs(session, settings.unschedulable_wait_seconds)
 
 
-def _seconds_before(moment: datetime, seconds: float) -> datetime:
-    return moment - timedelta(seconds=seconds)
+# Builds as leased work (server/leases.py): a worker starts, renews, reports and fails them
+# through the routes every leased kind has.
+BUILDS = leases.LeasedKind(
+    entity="build",
+    noun="build",
+    model=Build,
+    queued=BuildState.queued,
+    running=BuildState.building,
+    finished=(BuildState.succeeded, BuildState.failed),
+    attempts_setting="max_build_attempts",
+    lease_setting="build_lease_seconds",
+    get=_get_locked,
+    fail=_fail,
+    enqueue=enqueue_build,
+    state_view=BuildStateView,
+    after_reconcile=_fail_unschedulable,
+)

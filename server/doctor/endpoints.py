@@ -7,31 +7,27 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from decodebench.contracts.api import Reenqueued
 from decodebench.contracts.doctor_jobs import (
     DoctorAssignment,
-    DoctorFailure,
     DoctorJobView,
-    DoctorLease,
     DoctorOutcome,
     DoctorOverview,
-    DoctorProgress,
     DoctorRequest,
-    DoctorStart,
     DoctorState,
     DoctorStateView,
 )
-from decodebench.contracts.workers import WorkerIdentity
 from server.artifacts.endpoints import StoreDep
 from server.auth import SessionDep, SubmitToken, UserToken, WorkerToken
 from server.config import get_settings
 from server.doctor import service
 from server.doctor.views import job_overview, job_view
 from server.errors import AUTHENTICATED_ERRORS, Conflict
+from server.lease_endpoints import add_lease_routes
 from server.paths import RowId
-from server.tasks import enqueue_doctor
 
 router = APIRouter(prefix="/api/v1/doctor", tags=["doctor"], responses=AUTHENTICATED_ERRORS)
+# Build workers: start, lease, progress, fail and reconcile, as for every leased kind
+add_lease_routes(router, service.DOCTOR_JOBS, "job_id")
 
 
 @router.post("", status_code=202, response_model=DoctorJobView)
@@ -98,29 +94,6 @@ def assignment(job_id: RowId, token: WorkerToken, session: SessionDep) -> Doctor
     )
 
 
-@router.post("/{job_id}/start", response_model=DoctorStart)
-def start(
-    job_id: RowId, body: WorkerIdentity, token: WorkerToken, session: SessionDep
-) -> DoctorStart:
-    seconds = get_settings().build_lease_seconds
-    proceed, job = service.start_job(session, job_id, body.worker, seconds)
-    if not proceed:
-        return DoctorStart(proceed=False, state=DoctorState(job.state))
-    return DoctorStart(
-        proceed=True, state=DoctorState(job.state), lease=job.lease_token, lease_seconds=seconds
-    )
-
-
-@router.post("/{job_id}/lease", status_code=204)
-def renew(job_id: RowId, body: DoctorLease, token: WorkerToken, session: SessionDep) -> None:
-    service.renew_lease(session, job_id, body.lease, get_settings().build_lease_seconds)
-
-
-@router.post("/{job_id}/progress", status_code=204)
-def progress(job_id: RowId, body: DoctorProgress, token: WorkerToken, session: SessionDep) -> None:
-    service.record_progress(session, job_id, body, get_settings().build_lease_seconds)
-
-
 @router.post("/{job_id}/complete", response_model=DoctorStateView)
 def complete(
     job_id: RowId, body: DoctorOutcome, token: WorkerToken, session: SessionDep, store: StoreDep
@@ -129,24 +102,3 @@ def complete(
     409 from anyone not holding the job's lease (a second completion changes nothing)."""
     job = service.complete_job(session, job_id, body, store, get_settings())
     return DoctorStateView(state=DoctorState(job.state))
-
-
-@router.post("/{job_id}/fail", response_model=DoctorStateView)
-def fail(
-    job_id: RowId, body: DoctorFailure, token: WorkerToken, session: SessionDep
-) -> DoctorStateView:
-    job = service.fail_job(session, job_id, body.lease, body.reason)
-    return DoctorStateView(state=DoctorState(job.state))
-
-
-@router.post("/reconcile", response_model=Reenqueued)
-def reconcile(token: WorkerToken, session: SessionDep) -> Reenqueued:
-    """Queue again jobs whose worker's lease ran out, and re-send queued jobs no worker has
-    started lately (their message may have been lost)."""
-    settings = get_settings()
-    expired = service.expire_leases(session, settings.max_build_attempts)
-    stale = service.jobs_to_reenqueue(session, older_than_seconds=settings.requeue_after_seconds)
-    job_ids = sorted(set(expired) | set(stale))
-    for job_id in job_ids:
-        enqueue_doctor(session, job_id)
-    return Reenqueued(reenqueued=job_ids)

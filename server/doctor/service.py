@@ -3,18 +3,18 @@ registering the repaired package as a model and submitting the A/B sweep of the 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, undefer
 
 from decodebench.contracts.doctor_jobs import (
     DEFAULT_TOKENIZER,
     REPAIRED_SUFFIX,
     DoctorOutcome,
-    DoctorProgress,
     DoctorRequest,
     DoctorState,
+    DoctorStateView,
 )
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind
@@ -112,42 +112,6 @@ def submit_job(session: Session, request: DoctorRequest, by: str) -> DoctorJob:
     return job
 
 
-# The worker's side: a lease like a build's (server/leases.py).
-
-
-def start_job(
-    session: Session, job_id: int, worker: str, lease_seconds: float
-) -> tuple[bool, DoctorJob]:
-    job = get_job(session, job_id, lock=True)
-    started = leases.take(
-        session, ENTITY, job, worker, lease_seconds,
-        DoctorState.running, (DoctorState.done, DoctorState.failed),
-    )  # fmt: skip
-    if started:
-        job.error = None
-    return started, job
-
-
-def held_job(session: Session, job_id: int, lease: str) -> DoctorJob:
-    job = get_job(session, job_id, lock=True)
-    leases.check_held(job, f"doctor job {job_id}", DoctorState.running, lease)
-    return job
-
-
-def renew_lease(session: Session, job_id: int, lease: str, lease_seconds: float) -> DoctorJob:
-    job = held_job(session, job_id, lease)
-    leases.renew(job, lease_seconds)
-    return job
-
-
-def record_progress(
-    session: Session, job_id: int, progress: DoctorProgress, lease_seconds: float
-) -> None:
-    job = renew_lease(session, job_id, progress.lease, lease_seconds)
-    job.stage = progress.stage
-    job.progress = progress.fraction
-
-
 def repaired_model_name_of(session: Session, job: DoctorJob) -> str:
     model = session.get(UserModel, job.repaired_model_id) if job.repaired_model_id else None
     return model.name if model is not None else f"{job.package}{REPAIRED_SUFFIX}"
@@ -176,7 +140,7 @@ def complete_job(
     """The worker's report: stored, the repaired package registered as a model and the A/B
     sweep submitted, in one transaction. A second completion (its answer lost, or from a worker
     whose lease ran out) is 409 and changes nothing."""
-    job = held_job(session, job_id, outcome.lease)
+    job = leases.held(session, DOCTOR_JOBS, job_id, outcome.lease)
     if not store.exists(outcome.artifact_sha256):
         raise InvalidInput(f"artifact {outcome.artifact_sha256} has not been uploaded")
     model = _register_repaired(session, job, outcome.artifact_sha256, store, settings)
@@ -204,11 +168,10 @@ def complete_job(
     job.artifact_sha256 = outcome.artifact_sha256
     job.repaired_model_id = model.id
     job.sweep_id = sweep.id
-    job.lease_token = None
-    job.lease_expires_at = None
     job.stage = "done"
     job.progress = 1.0
-    job.finished_at = job.updated_at = now
+    job.finished_at = now
+    leases.release(job, now)
     applied = outcome.report.repair.applied
     move(
         session,
@@ -251,55 +214,35 @@ def _register_repaired(
     return model
 
 
-def fail_job(session: Session, job_id: int, lease: str, reason: str) -> DoctorJob:
-    return _fail(session, held_job(session, job_id, lease), reason)
-
-
 def _fail(session: Session, job: DoctorJob, reason: str) -> DoctorJob:
     job.error = reason
-    job.finished_at = job.updated_at = datetime.now(UTC)
-    job.lease_token = None
-    job.lease_expires_at = None
+    job.finished_at = datetime.now(UTC)
+    leases.release(job, job.finished_at)
     move(session, ENTITY, job, DoctorState.failed, reason)
     return job
 
 
-def expire_leases(session: Session, max_attempts: int) -> list[int]:
-    """Jobs whose worker stopped renewing (killed, partitioned): queued again, or failed after
-    their last attempt. Returns the ids queued again."""
-    now = datetime.now(UTC)
-    expired = session.scalars(
-        select(DoctorJob)
-        .where(DoctorJob.state == DoctorState.running, DoctorJob.lease_expires_at < now)
-        .with_for_update(skip_locked=True)
-    ).all()
-    requeued = []
-    for job in expired:
-        silent = f"{job.worker} stopped renewing its lease"
-        if job.attempts >= max_attempts:
-            _fail(session, job, f"{silent}; gave up after {job.attempts} attempts")
-            continue
-        job.lease_token = None
-        job.lease_expires_at = None
-        job.stage = None
-        job.progress = 0.0
-        job.updated_at = now
-        move(session, ENTITY, job, DoctorState.queued, f"{silent}; queued again")
-        requeued.append(job.id)
-    return requeued
+def _get_locked(session: Session, job_id: int, lock: bool) -> DoctorJob:
+    return get_job(session, job_id, lock=lock)
 
 
-def jobs_to_reenqueue(session: Session, older_than_seconds: float) -> list[int]:
-    """Queued jobs no worker has started lately: their message may have been lost."""
-    now = datetime.now(UTC)
-    stale = list(
-        session.scalars(
-            select(DoctorJob.id).where(
-                DoctorJob.state == DoctorState.queued,
-                DoctorJob.updated_at < now - timedelta(seconds=older_than_seconds),
-            )
-        )
-    )
-    if stale:
-        session.execute(update(DoctorJob).where(DoctorJob.id.in_(stale)).values(updated_at=now))
-    return stale
+def _clear_error(job: DoctorJob) -> None:
+    job.error = None
+
+
+# Doctor jobs as leased work (server/leases.py).
+DOCTOR_JOBS = leases.LeasedKind(
+    entity=ENTITY,
+    noun="doctor job",
+    model=DoctorJob,
+    queued=DoctorState.queued,
+    running=DoctorState.running,
+    finished=(DoctorState.done, DoctorState.failed),
+    attempts_setting="max_build_attempts",
+    lease_setting="build_lease_seconds",
+    get=_get_locked,
+    fail=_fail,
+    enqueue=enqueue_doctor,
+    state_view=DoctorStateView,
+    on_start=_clear_error,
+)

@@ -1,4 +1,6 @@
-"""REST client for the decodebench server, used by the CLI, CI jobs, agents and build workers."""
+"""The REST client of the decodebench server, used by the CLI, CI jobs, agents and build
+workers; leased work's calls are in decodebench/client/leased.py, claims over asyncio in
+decodebench/client/claims.py."""
 
 from __future__ import annotations
 
@@ -11,30 +13,23 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
+from decodebench.client.base import API, KEEPALIVE_S, ApiError, answer, file_sha256
+from decodebench.client.claims import AsyncClaims
+from decodebench.client.leased import LeasedWork
 from decodebench.contracts.api import (
     BuildDetail,
     DeviceView,
-    Reenqueued,
     ResultsStored,
     SweepDetail,
     SweepOverview,
     VerdictsView,
 )
-from decodebench.contracts.doctor_jobs import (
-    DoctorAssignment,
-    DoctorFailure,
-    DoctorJobView,
-    DoctorOutcome,
-    DoctorOverview,
-    DoctorProgress,
-    DoctorStart,
-)
+from decodebench.contracts.doctor_jobs import DoctorAssignment, DoctorJobView, DoctorOverview
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.protocol import (
     AgentRegistered,
     AgentRegistration,
     ClaimResponse,
-    ClaimsResponse,
     DeviceInfo,
     LeaseRenewal,
     ResultsBatchStored,
@@ -47,46 +42,13 @@ from decodebench.contracts.schedules import (
     TickResult,
 )
 from decodebench.contracts.uploads import ModelView, UploadView
-from decodebench.contracts.workers import (
-    BuildAssignment,
-    BuildFailure,
-    BuildOutcome,
-    BuildProgress,
-    BuildStart,
-)
+from decodebench.contracts.workers import BuildAssignment
 
-API = "/api/v1"
 _LIST_OF_SWEEPS = TypeAdapter(list[SweepOverview])
 _LIST_OF_DEVICES = TypeAdapter(list[DeviceView])
 _LIST_OF_SCHEDULES = TypeAdapter(list[ScheduleView])
 _LIST_OF_MODELS = TypeAdapter(list[ModelView])
 _LIST_OF_DOCTOR_JOBS = TypeAdapter(list[DoctorOverview])
-# How long an idle connection is kept for the next request: longer than a typical run (httpx's
-# 5 s default made every claim and upload after a 5 s run open a new connection), shorter than
-# the server's keep-alive (30 s, server/serving.py), so it is never closed under a request.
-KEEPALIVE_S = 20.0
-
-
-class ApiError(Exception):
-    """The server answered with an error status; `detail` is its message."""
-
-    def __init__(self, status_code: int, detail: Any) -> None:
-        self.status_code = status_code
-        self.detail = detail
-        super().__init__(f"HTTP {status_code}: {detail}")
-
-
-def _answer(response: httpx.Response) -> Any:
-    """The response's JSON; raises ApiError with the server's detail for an error status."""
-    if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        raise ApiError(response.status_code, detail)
-    if response.status_code == 204 or not response.content:
-        return None
-    return response.json()
 
 
 class DecodebenchClient:
@@ -109,6 +71,9 @@ class DecodebenchClient:
                 keepalive_expiry=KEEPALIVE_S,
             ),
         )
+        # Leased work, one set of calls per kind (decodebench/client/leased.py).
+        self.builds = LeasedWork(self._request, "builds", BuildAssignment)
+        self.doctor_jobs = LeasedWork(self._request, "doctor", DoctorAssignment)
 
     def claims(self) -> AsyncClaims:
         """An asyncio client for claims, on the same server and token, with a connection of its
@@ -130,7 +95,7 @@ class DecodebenchClient:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        return _answer(self._http.request(method, API + path, **kwargs))
+        return answer(self._http.request(method, API + path, **kwargs))
 
     # Users and CI
 
@@ -225,23 +190,7 @@ class DecodebenchClient:
         partial.replace(destination)
         return destination
 
-    # Build workers
-
-    def get_build_assignment(self, build_id: int) -> BuildAssignment:
-        return BuildAssignment.model_validate(
-            self._request("GET", f"/builds/{build_id}/assignment")
-        )
-
-    def start_build(self, build_id: int, worker: str) -> BuildStart:
-        data = self._request("POST", f"/builds/{build_id}/start", json={"worker": worker})
-        return BuildStart.model_validate(data)
-
-    def report_build_progress(self, build_id: int, lease: str, stage: str, fraction: float) -> None:
-        body = BuildProgress(lease=lease, stage=stage, fraction=fraction)
-        self._request("POST", f"/builds/{build_id}/progress", json=body.model_dump(mode="json"))
-
-    def renew_build_lease(self, build_id: int, lease: str) -> None:
-        self._request("POST", f"/builds/{build_id}/lease", json={"lease": lease})
+    # Build workers (the leased calls: `builds`, `doctor_jobs`)
 
     def upload_artifact(self, path: Path) -> str:
         sha256 = file_sha256(path)
@@ -253,16 +202,6 @@ class DecodebenchClient:
                 headers={"Content-Type": "application/octet-stream"},
             )
         return sha256
-
-    def complete_build(self, build_id: int, outcome: BuildOutcome) -> None:
-        self._request("POST", f"/builds/{build_id}/complete", json=outcome.model_dump(mode="json"))
-
-    def fail_build(self, build_id: int, lease: str, reason: str) -> None:
-        body = BuildFailure(lease=lease, reason=reason[:4000])
-        self._request("POST", f"/builds/{build_id}/fail", json=body.model_dump(mode="json"))
-
-    def reconcile_builds(self) -> list[int]:
-        return Reenqueued.model_validate(self._request("POST", "/builds/reconcile")).reenqueued
 
     # Uploads and models users bring (decodebench.uploading drives a whole upload)
 
@@ -313,38 +252,12 @@ class DecodebenchClient:
         with self._http.stream("GET", f"{API}/doctor/{job_id}/package") as response:
             if response.status_code >= 400:
                 response.read()
-                _answer(response)
+                answer(response)
             with partial.open("wb") as out:
                 for chunk in response.iter_bytes():
                     out.write(chunk)
         partial.replace(destination)
         return destination
-
-    # Doctor jobs (build workers)
-
-    def get_doctor_assignment(self, job_id: int) -> DoctorAssignment:
-        return DoctorAssignment.model_validate(self._request("GET", f"/doctor/{job_id}/assignment"))
-
-    def start_doctor(self, job_id: int, worker: str) -> DoctorStart:
-        data = self._request("POST", f"/doctor/{job_id}/start", json={"worker": worker})
-        return DoctorStart.model_validate(data)
-
-    def report_doctor_progress(self, job_id: int, lease: str, stage: str, fraction: float) -> None:
-        body = DoctorProgress(lease=lease, stage=stage[:200], fraction=fraction)
-        self._request("POST", f"/doctor/{job_id}/progress", json=body.model_dump(mode="json"))
-
-    def renew_doctor_lease(self, job_id: int, lease: str) -> None:
-        self._request("POST", f"/doctor/{job_id}/lease", json={"lease": lease})
-
-    def complete_doctor(self, job_id: int, outcome: DoctorOutcome) -> None:
-        self._request("POST", f"/doctor/{job_id}/complete", json=outcome.model_dump(mode="json"))
-
-    def fail_doctor(self, job_id: int, lease: str, reason: str) -> None:
-        body = DoctorFailure(lease=lease, reason=reason[:4000])
-        self._request("POST", f"/doctor/{job_id}/fail", json=body.model_dump(mode="json"))
-
-    def reconcile_doctor(self) -> list[int]:
-        return Reenqueued.model_validate(self._request("POST", "/doctor/reconcile")).reenqueued
 
     # Nightly schedules
 
@@ -370,49 +283,3 @@ class DecodebenchClient:
 
     def deliver_webhooks(self) -> DeliveryResult:
         return DeliveryResult.model_validate(self._request("POST", "/schedules/webhooks/deliver"))
-
-
-class AsyncClaims:
-    """Claims over asyncio on one kept connection (`DecodebenchClient.claims`); an async context
-    manager. One request at a time: a batch of an agent's devices' claims."""
-
-    def __init__(
-        self, base_url: str, headers: dict[str, str], timeout: float, tls: ssl.SSLContext
-    ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=headers,
-            timeout=timeout,
-            verify=tls,
-            limits=httpx.Limits(
-                max_connections=2, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_S
-            ),
-        )
-
-    async def __aenter__(self) -> AsyncClaims:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._http.aclose()
-
-    async def claim_runs(
-        self, claims: Sequence[tuple[str, str]], wait_seconds: int = 0
-    ) -> ClaimsResponse:
-        """Claims for several devices, (device, claim key) pairs, in one request: the runs
-        given (one per device that got one). With ``wait_seconds``, a long poll answered once
-        one of them gets a run."""
-        body: dict[str, Any] = {
-            "claims": [{"device_udid": udid, "claim_key": key} for udid, key in claims]
-        }
-        if wait_seconds:
-            body["wait_seconds"] = wait_seconds
-        response = await self._http.post(API + "/agents/claims", json=body)
-        return ClaimsResponse.model_validate(_answer(response))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
