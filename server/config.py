@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     # queued again by the reconciler (beat, every minute), so a killed worker costs at most
     # this plus a minute.
     build_lease_seconds: float = 120.0
+    # Doctor jobs are leased like builds, with settings of their own (the same defaults).
+    max_doctor_attempts: int = 2
+    doctor_lease_seconds: float = 120.0
     # A queued build no worker has started for this long is sent to the broker again.
     requeue_after_seconds: float = 120.0
     # Builds are keyed by the toolchain that makes them; workers refuse to build for another one.

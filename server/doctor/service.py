@@ -230,7 +230,7 @@ def _clear_error(job: DoctorJob) -> None:
     job.error = None
 
 
-# Doctor jobs as leased work (server/leases.py).
+# Doctor jobs as leased work (server/leases.py), with settings of their own.
 DOCTOR_JOBS = leases.LeasedKind(
     entity=ENTITY,
     noun="doctor job",
@@ -238,8 +238,8 @@ DOCTOR_JOBS = leases.LeasedKind(
     queued=DoctorState.queued,
     running=DoctorState.running,
     finished=(DoctorState.done, DoctorState.failed),
-    attempts_setting="max_build_attempts",
-    lease_setting="build_lease_seconds",
+    attempts_setting="max_doctor_attempts",
+    lease_setting="doctor_lease_seconds",
     get=_get_locked,
     fail=_fail,
     enqueue=enqueue_doctor,

@@ -47,7 +47,7 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
 ) -> None:
     stack.stop()  # the fixture's server, again with a short lease: a killed worker is noticed soon
     stack.processes.clear()
-    stack.start_server(DECODEBENCH_BUILD_LEASE_SECONDS="3")
+    stack.start_server(DECODEBENCH_DOCTOR_LEASE_SECONDS="3")
     package = massive_channel_package(tmp_path / "package")
     capsys.readouterr()
     user = ["--server", stack.server_url, "--token", stack.tokens["user"]]
