@@ -4,8 +4,6 @@ build's handler: have the library build the assignment
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from decodebench.artifacts import pack_directory
 from decodebench.client import DecodebenchClient, LeasedWork
 from decodebench.contracts.workers import BuildAssignment, BuildOutcome
@@ -27,7 +25,7 @@ def build(held: Held[BuildAssignment]) -> tuple[BuildOutcome, str]:
     work_dir = held.settings.work_dir
     report = build_assignment(held.client, held.assignment, work_dir, out_dir, held.progress)
     held.progress("upload", 1.0)
-    archive = pack_directory(out_dir, Path(held.tmp) / "artifact.zip")
+    archive = pack_directory(out_dir, held.tmp / "artifact.zip")
     sha256 = delivered(
         lambda: held.client.upload_artifact(archive),
         held.settings,
