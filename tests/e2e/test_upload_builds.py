@@ -138,9 +138,9 @@ def test_uploaded_model_and_package_build_and_run(
 
         # Its package, uploaded as a user's own: run as built, and folded (verified).
         archive = client.download_artifact(built.artifact_sha256 or "", tmp_path / "built.zip")
-        from decodebench.artifacts import unpack
+        from decodebench.archives import unpack_package
 
-        package = unpack(archive, tmp_path / "built") / "model.mlpackage"
+        package = unpack_package(archive, tmp_path / "built", archive.name)
         capsys.readouterr()
         assert main(["model", "upload", str(package), "--name", "mine", "--server",
                      stack.server_url, "--token", stack.tokens["user"]]) == 0  # fmt: skip
