@@ -13,13 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack import Stack
 
 from decodebench.cli import main
 from decodebench.client import DecodebenchClient, file_sha256
 from decodebench.commands.submit import wait_for_sweep
 from decodebench.contracts.uploads import upload_identity
 from decodebench.uploading import ResumeState, upload_model
+from scripts.stack import Stack
 
 pytestmark = pytest.mark.slow
 DEVICES = ["iphone-16-pro", "iphone-17-pro"]
