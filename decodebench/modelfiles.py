@@ -4,8 +4,9 @@ The server runs these checks when an uploaded model is registered and the CLI ru
 it uploads a byte: a Hugging Face checkpoint (``config.json`` naming a supported architecture,
 ``*.safetensors`` whose headers parse and whose tensors are the ones the decoder needs, with the
 shapes and byte ranges they claim), a GGUF file (its header and ``general.architecture``), or a
-zipped ``.mlpackage``. Every refusal is a :class:`ModelFileError` naming the file and, for a
-safetensors file, the tensor at fault.
+zipped ``.mlpackage``. The headers are read by :mod:`decodebench.checkpoints`, the zip checked by
+:mod:`decodebench.archives`. Every refusal is a :class:`ModelFileError` naming the file and, for
+a safetensors file, the tensor at fault.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from decodebench.checkpoints import (
 )
 
 __all__ = [  # ModelFileError is the checkpoints module's; its users import it from here
+    "TOKENIZER_FILES",
     "ModelFileError",
     "check_file_name",
     "check_hf_checkpoint",
