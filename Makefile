@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install every role and the dev tools
 
 demo: install  ## the demo sweep (SmolLM2-135M, fetched once) with its speed table and answers
-	$(BIN)/python scripts/demo.py --speak
+	$(BIN)/python -m scripts.demo --speak
 
 serve-demo: install  ## the demo, then keep the server and UI up until Ctrl-C
-	$(BIN)/python scripts/demo.py --speak --serve
+	$(BIN)/python -m scripts.demo --speak --serve
 
 services:  ## start PostgreSQL and Redis if they are not running; install Chromium if missing
 	bash scripts/services.sh
@@ -47,11 +47,11 @@ typecheck: install  ## mypy over every package (decodebench, agent, server, work
 	$(BIN)/mypy
 
 bench:  ## full-size EXAONE benchmarks, one after another (tens of minutes, up to ~10 GB RAM each)
-	$(BIN)/python bench/exaone_tiles.py
-	$(BIN)/python bench/build_exaone.py
-	$(BIN)/python bench/fold_exaone.py
-	$(BIN)/python bench/diff_exaone.py
-	$(BIN)/python bench/host_decode.py
+	$(BIN)/python -m bench.exaone_tiles
+	$(BIN)/python -m bench.build_exaone
+	$(BIN)/python -m bench.fold_exaone
+	$(BIN)/python -m bench.diff_exaone
+	$(BIN)/python -m bench.host_decode
 
 clean:  ## remove local state (embedded database, artifacts, logs)
 	rm -rf var

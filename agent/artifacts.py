@@ -7,22 +7,19 @@ accepted too.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import shutil
 import threading
-import zipfile
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from agent.drivers.base import ArtifactError
+from decodebench.archives import MANIFEST, ArchiveError, unpack_package
 from decodebench.client import file_sha256
 
 log = logging.getLogger(__name__)
 
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
-MANIFEST = "Manifest.json"
 
 
 class ArtifactCache:
@@ -74,79 +71,12 @@ def unpack_mlpackage(artifact_path: Path, destination: Path) -> Path:
 
     Raises `ArtifactError` with the reason when the file is not a zip, is damaged, holds no
     (or more than one) Manifest.json, tries to write outside `destination`, or its manifest
-    names items the package does not contain.
+    names items the package does not contain (the rule of :mod:`decodebench.archives`).
     """
-    if not zipfile.is_zipfile(artifact_path):
-        size = artifact_path.stat().st_size if artifact_path.exists() else 0
-        raise ArtifactError(f"artifact {artifact_path.name} is not a zip archive ({size} bytes)")
-    partial = destination.with_name(destination.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
     try:
-        with zipfile.ZipFile(artifact_path) as archive:
-            package_prefix = _package_prefix(archive, artifact_path.name)
-            damaged = archive.testzip()
-            if damaged is not None:
-                raise ArtifactError(
-                    f"artifact {artifact_path.name} is damaged: checksum mismatch in {damaged}"
-                )
-            archive.extractall(partial)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as error:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise ArtifactError(f"artifact {artifact_path.name} is damaged: {error}") from error
-    except ArtifactError:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    shutil.rmtree(destination, ignore_errors=True)
-    partial.replace(destination)
-    package = destination / package_prefix if package_prefix else destination
-    check_manifest(package)
-    return package
-
-
-def _package_prefix(archive: zipfile.ZipFile, artifact_name: str) -> str:
-    manifests: list[PurePosixPath] = []
-    for name in archive.namelist():
-        member = PurePosixPath(name)
-        if member.is_absolute() or ".." in member.parts or "\\" in name:
-            raise ArtifactError(f"artifact {artifact_name} has an unsafe member path {name!r}")
-        if member.name == MANIFEST and len(member.parts) <= 2:
-            manifests.append(member)
-    if not manifests:
-        raise ArtifactError(
-            f"artifact {artifact_name} contains no {MANIFEST}: expected a zipped .mlpackage "
-            f"(<name>.mlpackage/{MANIFEST}, <name>.mlpackage/Data/…)"
-        )
-    if len(manifests) > 1:
-        found = ", ".join(sorted(str(manifest) for manifest in manifests))
-        raise ArtifactError(f"artifact {artifact_name} holds more than one package ({found})")
-    return str(manifests[0].parent) if manifests[0].parent.parts else ""
-
-
-def check_manifest(package: Path) -> None:
-    """Every item the package's Manifest.json lists must exist under its Data/ directory."""
-    try:
-        manifest = json.loads((package / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ArtifactError(f"{MANIFEST} of {package.name} is unreadable: {error}") from error
-    if not isinstance(manifest, dict):
-        raise ArtifactError(f"{MANIFEST} of {package.name} is not a JSON object")
-    entries = manifest.get("itemInfoEntries", {})
-    if not isinstance(entries, dict):
-        raise ArtifactError(f"{MANIFEST} of {package.name}: itemInfoEntries is not an object")
-    for identifier, entry in entries.items():
-        item_path = entry.get("path") if isinstance(entry, dict) else None
-        if not isinstance(item_path, str) or not item_path:
-            raise ArtifactError(f"{MANIFEST} of {package.name}: item {identifier} has no path")
-        if not (package / "Data" / item_path).exists():
-            raise ArtifactError(
-                f"{MANIFEST} of {package.name} lists {item_path} but the package has no "
-                f"Data/{item_path}"
-            )
-    root = manifest.get("rootModelIdentifier")
-    if root is not None and root not in entries:
-        raise ArtifactError(
-            f"{MANIFEST} of {package.name}: rootModelIdentifier {root} is not among its items"
-        )
+        return unpack_package(artifact_path, destination, f"artifact {artifact_path.name}")
+    except ArchiveError as error:
+        raise ArtifactError(str(error)) from None
 
 
 def directory_bytes(path: Path) -> int:

@@ -21,8 +21,8 @@ it: every compressed weight of the two packages compared byte for byte, and the 
 packages decode ``--verify-steps`` tokens in the MIL interpreter and the token agreement is
 printed. The check's verdict is the exit status (0 same output, 1 not).
 
-    nice -n 10 flock /tmp/decodebench-bench.lock python bench/build_exaone.py [--json]
-    python bench/build_exaone.py --model tiny-exaone --context 64 --top 1   # smoke run, seconds
+    nice -n 10 flock /tmp/decodebench-bench.lock python -m bench.build_exaone [--json]
+    python -m bench.build_exaone --model tiny-exaone --context 64 --top 1   # smoke run, seconds
 
 The full run took 23 minutes on this 2-core machine while it was shared (load average 3 to 7),
 the plain side peaking at 9.54 GiB (10.25 GB) of RSS and ours at 6.60 GiB; see README.md.
@@ -46,7 +46,7 @@ GIB = 1024**3
 def run_child(
     mode: str, out: Path, model_name: str, context: int, top: int
 ) -> tuple[float, int, dict]:
-    command = [sys.executable, __file__, "--child", mode, "--out", str(out)]
+    command = [sys.executable, "-m", "bench.build_exaone", "--child", mode, "--out", str(out)]
     command += ["--model", model_name, "--context", str(context), "--top", str(top)]
     started = time.perf_counter()
     process = subprocess.Popen(command)

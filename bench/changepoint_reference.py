@@ -1,12 +1,12 @@
 """Write the reference change points tests/decodebench/judging/test_changepoints.py checks.
 
 Apache Otava cannot be installed beside this project (it pins numpy 2.2.* and pulls cloud
-clients), so its change-point code is run from an unpacked wheel, outside the project's
-dependencies:
+clients), so its change-point code is run from an unpacked wheel put on ``PYTHONPATH``, outside the
+project's dependencies (from the repository's root):
 
     pip download --no-deps -d /tmp/otava apache-otava==0.8.0
     unzip -q -o /tmp/otava/apache_otava-0.8.0-py3-none-any.whl -d /tmp/otava/wheel
-    python bench/changepoint_reference.py /tmp/otava/wheel tests/data/otava_changepoints.json
+    PYTHONPATH=/tmp/otava/wheel python -m bench.changepoint_reference tests/data/otava_changepoints.json
 
 Its `otava.change_point_divisive` and `otava.analysis` import only numpy and scipy.
 """
@@ -44,8 +44,7 @@ def series_set(count: int, seed: int) -> list[dict]:
 
 
 def main() -> None:
-    wheel, output = Path(sys.argv[1]), Path(sys.argv[2])
-    sys.path.insert(0, str(wheel))
+    output = Path(sys.argv[1])
     from otava.analysis import compute_change_points  # noqa: PLC0415
     from otava.change_point_divisive.calculator import PairDistanceCalculator  # noqa: PLC0415
 

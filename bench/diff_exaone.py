@@ -8,8 +8,8 @@ byte counts alone. Exits non-zero when a check fails.
 
 Full-size builds take a lot of memory, and others run them too: take the shared lock,
 
-    flock /tmp/decodebench-bench.lock python bench/diff_exaone.py [--keep DIR]
-    python bench/diff_exaone.py --packages A.mlpackage B.mlpackage
+    flock /tmp/decodebench-bench.lock python -m bench.diff_exaone [--keep DIR]
+    python -m bench.diff_exaone --packages A.mlpackage B.mlpackage
 """
 
 from __future__ import annotations
@@ -40,7 +40,15 @@ def expected_tiles(context: int) -> tuple[int, int]:
 
 
 def build_in_child(attention: Attention, context: int, quant: str, out_dir: Path) -> Path:
-    command = [sys.executable, __file__, "--child", attention.value, "--context", str(context)]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.diff_exaone",
+        "--child",
+        attention.value,
+        "--context",
+        str(context),
+    ]
     started = time.perf_counter()
     subprocess.run([*command, "--quant", quant, "--out", str(out_dir)], check=True)
     print(f"[{attention.value}] built in {time.perf_counter() - started:.1f} s", flush=True)

@@ -1,7 +1,7 @@
 """The doctor's one pass against the separate passes it replaced: CPU seconds, same findings.
 
-    python bench/doctor_passes.py                           # SmolLM2 recipe package, 3 x 8
-    python bench/doctor_passes.py --package tiny --prompts 3 --steps 8
+    python -m bench.doctor_passes                           # SmolLM2 recipe package, 3 x 8
+    python -m bench.doctor_passes --package tiny --prompts 3 --steps 8
 
 The separate passes are what ``doctor()`` ran before: the analysis, the waste list (its own load),
 ``measure_headroom`` (a peak-recording fp32 run, then an fp16 run for the first non-finite op,
@@ -22,19 +22,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decodebench.analysis.analyze import analyze_mlpackage  # noqa: E402
-from decodebench.doctor.doctor import doctor  # noqa: E402
-from decodebench.doctor.headroom import measure_headroom  # noqa: E402
-from decodebench.doctor.repair import repair_mlpackage  # noqa: E402
-from decodebench.doctor.waste import find_waste  # noqa: E402
-from decodebench.formats.coreml.program import quiet_coremltools  # noqa: E402
+from decodebench.analysis.analyze import analyze_mlpackage
+from decodebench.doctor.doctor import doctor
+from decodebench.doctor.headroom import measure_headroom
+from decodebench.doctor.repair import repair_mlpackage
+from decodebench.doctor.waste import find_waste
+from decodebench.formats.coreml.program import quiet_coremltools
 
 TINY_PROMPTS = [[1, 2, 3, 4], [9, 8, 7], [100, 5], [3, 30, 60, 90, 120], [7], [11, 12]]
 

@@ -6,7 +6,7 @@ the peak RSS printed is that build's), prints what the graph analysis finds, and
 if the tile counts are not the expected ones. Each build is a ``build_variant`` fp16 build (with
 its finite check), whose time and peak RSS are printed rather than assumed here.
 
-    python bench/exaone_tiles.py [--context 4096] [--keep DIR]
+    python -m bench.exaone_tiles [--context 4096] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +35,15 @@ def expected_tiles(context: int) -> tuple[int, int]:
 
 
 def build_in_child(attention: Attention, context: int, out_dir: Path) -> BuildReport:
-    command = [sys.executable, __file__, "--child", attention.value, "--context", str(context)]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.exaone_tiles",
+        "--child",
+        attention.value,
+        "--context",
+        str(context),
+    ]
     started = time.perf_counter()
     subprocess.run([*command, "--out", str(out_dir)], check=True)
     print(

@@ -11,9 +11,9 @@ output names the number of steps verified.
 Each stage runs in its own process; its wall time and peak RSS are printed (the two builds are
 ``build_variant`` fp16 builds, each with its finite check).
 
-    nice -n 10 flock /tmp/decodebench-bench.lock python bench/fold_exaone.py [--context 4096]
+    nice -n 10 flock /tmp/decodebench-bench.lock python -m bench.fold_exaone [--context 4096]
         [--keep DIR] [--verify-steps N]
-    python bench/fold_exaone.py --model tiny-gqa --context 64   # seconds
+    python -m bench.fold_exaone --model tiny-gqa --context 64   # seconds
 """
 
 from __future__ import annotations
@@ -75,7 +75,17 @@ def child(stage: str, root: Path, model: str, context: int, steps: int) -> None:
 
 
 def run_child(stage: str, root: Path, model: str, context: int, steps: int) -> None:
-    command = [sys.executable, __file__, "--child", stage, "--out", str(root), "--model", model]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.fold_exaone",
+        "--child",
+        stage,
+        "--out",
+        str(root),
+        "--model",
+        model,
+    ]
     command += ["--context", str(context), "--verify-steps", str(steps)]
     started = time.perf_counter()
     process = subprocess.Popen(command)

@@ -7,8 +7,8 @@ repeat_kv replicates every KV head G times over the *whole* context buffer on ev
 `tile` of the Core ML graph); folded reshapes the query instead. Both layouts compute the same
 tokens, which is checked.
 
-    python bench/host_decode.py                      # tiny-gqa and exaone-4.0-1.2b
-    python bench/host_decode.py --models tiny-gqa --context 2048 --tokens 64
+    python -m bench.host_decode                      # tiny-gqa and exaone-4.0-1.2b
+    python -m bench.host_decode --models tiny-gqa --context 2048 --tokens 64
 
 tiny-gqa builds in a second, so its layouts are measured interleaved (A B B A …); EXAONE 4.0
 1.2B is 4.8 GB in fp32, so one layout is built, measured and freed before the other, with only a
@@ -20,20 +20,16 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from decodebench.contracts.domain import Attention, VariantSpec  # noqa: E402
-from decodebench.contracts.presets import get_preset  # noqa: E402
-from decodebench.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up  # noqa: E402
-from decodebench.prompts import builtin_prompts  # noqa: E402
-from emulator.reference import TorchStepEngine, parameter_estimate  # noqa: E402
+from decodebench.contracts.domain import Attention, VariantSpec
+from decodebench.contracts.presets import get_preset
+from decodebench.harness import HarnessPrompt, MonotonicClock, run_prompt, warm_up
+from decodebench.prompts import builtin_prompts
+from emulator.reference import TorchStepEngine, parameter_estimate
 
 LAYOUTS = (Attention.repeat_kv, Attention.folded)
 INTERLEAVE_BELOW_PARAMETERS = 100_000_000

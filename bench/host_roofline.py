@@ -9,8 +9,8 @@ in the same run (STREAM copy/triad, each kernel kind's byte rate on a synthetic 
 step-time models of agent.drivers.host.profile are fitted on half the variants and predict the
 other half. An error is |predicted / measured - 1| over the held-out variants.
 
-    python bench/host_roofline.py --json
-    python bench/host_roofline.py --model tiny-gqa --context 128 --json   # about a minute
+    python -m bench.host_roofline --json
+    python -m bench.host_roofline --model tiny-gqa --context 128 --json   # about a minute
 """
 
 from __future__ import annotations
@@ -23,11 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from agent.drivers.host.decode import HostEngine  # noqa: E402
-from agent.drivers.host.memory import stream_bandwidth  # noqa: E402
-from agent.drivers.host.profile import (  # noqa: E402
+from agent.drivers.host.decode import HostEngine
+from agent.drivers.host.memory import stream_bandwidth
+from agent.drivers.host.profile import (
     HostProfile,
     StepFeatures,
     abs_errors,
@@ -37,8 +35,8 @@ from agent.drivers.host.profile import (  # noqa: E402
     predict,
     roofline_seconds,
 )
-from decodebench.building.build import build_variant  # noqa: E402
-from decodebench.contracts.domain import VariantSpec  # noqa: E402
+from decodebench.building.build import build_variant
+from decodebench.contracts.domain import VariantSpec
 
 QUANTS = ("fp16", "w8", "w4", "base")
 ATTENTIONS = ("repeat_kv", "folded")

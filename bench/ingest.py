@@ -1,6 +1,6 @@
 """Drive 50 and then 200 concurrent uploading devices against a real server and print figures.
 
-    python bench/ingest.py --json
+    python -m bench.ingest --json
 
 Starts PostgreSQL-backed server processes (`python -m server --workers N`) on its own database,
 completes a set of builds as a worker would, submits sweeps, registers one agent with a device
@@ -30,18 +30,14 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from scripts.stack import Stack, scratch_database  # noqa: E402
-from scripts.standins import complete_builds  # noqa: E402
+from scripts.stack import Stack, scratch_database
+from scripts.standins import complete_builds
 
 DEVICE_CLASS = "iphone-17-pro"
 PROMPTS = 30  # the most a sweep asks for: one upload carries them all

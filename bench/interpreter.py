@@ -15,12 +15,12 @@ bytes per step the analysis counts, the share of this machine's memory roofline 
 step x steps per second / the bandwidth measured here with a NumPy copy loop), peak RSS, the CPU
 seconds per step, and the load average it ran under: the machine is shared and differs 2x day to day.
 
-    python bench/interpreter.py                       # every case, a table
-    python bench/interpreter.py --json                # one JSON object
-    python bench/interpreter.py --cases smollm2-fp16 --steps 32 --blas-threads 1
-    python bench/interpreter.py --verify 30           # verify A A over the 30 chat prompts
-    python bench/interpreter.py --verify 30 --verify-case smollm2-fp16-pf32  # prompts prefilled
-    python bench/interpreter.py --no-compile          # the plan walked op by op (A/B)
+    python -m bench.interpreter                       # every case, a table
+    python -m bench.interpreter --json                # one JSON object
+    python -m bench.interpreter --cases smollm2-fp16 --steps 32 --blas-threads 1
+    python -m bench.interpreter --verify 30           # verify A A over the 30 chat prompts
+    python -m bench.interpreter --verify 30 --verify-case smollm2-fp16-pf32  # prompts prefilled
+    python -m bench.interpreter --no-compile          # the plan walked op by op (A/B)
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 GIB = 1024**3
 CASES: dict[str, dict[str, Any]] = {
@@ -163,12 +161,14 @@ def run_case(case: str, args: argparse.Namespace, bandwidth: float) -> dict[str,
     """Build (own process), then measure (own process, peak RSS from wait4)."""
     common = ["--cache", str(args.cache), "--context", str(args.context)]
     build = subprocess.run(
-        [sys.executable, __file__, "--build", case, *common], capture_output=True, text=True
+        [sys.executable, "-m", "bench.interpreter", "--build", case, *common],
+        capture_output=True,
+        text=True,
     )
     if build.returncode != 0:
         raise SystemExit(f"building {case} failed:\n{build.stderr[-3000:]}")
     package = build.stdout.strip().splitlines()[-1]
-    command = [sys.executable, __file__, "--child", case, "--package", package]
+    command = [sys.executable, "-m", "bench.interpreter", "--child", case, "--package", package]
     command += ["--steps", str(args.steps), *common]
     command += ["--no-compile"] if args.no_compile else []
     environment = dict(os.environ)

@@ -1,7 +1,7 @@
 """Where SmolLM2's recipe package and transformers part: the top-two margins, step by step.
 
-    python bench/near_ties.py                    # chat prompts 15 and 17, 16 greedy tokens
-    python bench/near_ties.py --prompts 3 15 17 --steps 16
+    python -m bench.near_ties                    # chat prompts 15 and 17, 16 greedy tokens
+    python -m bench.near_ties --prompts 3 15 17 --steps 16
 
 For each chat prompt the package's own fp32 run (the doctor's reference), the repaired package
 (fp16, the overflow-safe norms) and transformers fp32 of the checkpoint decode greedily, each
@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.doctor.checkpoint import load_checkpoint  # noqa: E402
-from decodebench.formats.coreml.cache_io import decode_session  # noqa: E402
-from decodebench.formats.coreml.interpreter import Interpreter  # noqa: E402
-from decodebench.formats.coreml.norm_repair import repair_norms  # noqa: E402
-from decodebench.formats.coreml.program import load_package, quiet_coremltools  # noqa: E402
-from decodebench.formats.coreml.recipe import recipe_package  # noqa: E402
-from decodebench.formats.coreml.widen import widen_program  # noqa: E402
-from decodebench.prompts import chat_prompts, chat_token_ids  # noqa: E402
+from decodebench.building.realmodels import fetch_model
+from decodebench.doctor.checkpoint import load_checkpoint
+from decodebench.formats.coreml.cache_io import decode_session
+from decodebench.formats.coreml.interpreter import Interpreter
+from decodebench.formats.coreml.norm_repair import repair_norms
+from decodebench.formats.coreml.program import load_package, quiet_coremltools
+from decodebench.formats.coreml.recipe import recipe_package
+from decodebench.formats.coreml.widen import widen_program
+from decodebench.prompts import chat_prompts, chat_token_ids
 
 
 def greedy(session, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:

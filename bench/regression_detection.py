@@ -28,8 +28,8 @@ Figures:
   averaged over every night of every history;
 - CPU seconds per 1,000 simulated runs and the load average, as the machine is shared.
 
-    python bench/regression_detection.py --json                  # one condition
-    python bench/regression_detection.py --table --trials 150    # scales 1, 3, 5, both detectors
+    python -m bench.regression_detection --json                  # one condition
+    python -m bench.regression_detection --table --trials 150    # scales 1, 3, 5, both detectors
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A farm of simulated phones against several server processes: throughput, utilisation, claim
 and first-pickup latency, server CPU per run and when idle. Every device is SIMULATED.
 
-    python bench/scheduler.py --json [--sizes 200,1000]
+    python -m bench.scheduler --json [--sizes 200,1000]
 
 Per size it starts the stack on its own database (`python -m server --workers N`), as many
 agent processes as it needs (`--devices-per-agent`, each `python -m agent --simulated …` with
@@ -47,11 +47,8 @@ import httpx
 import psutil
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from scripts.stack import Stack  # noqa: E402
-from scripts.standins import complete_builds, moving, time_scale_for  # noqa: E402
+from scripts.stack import Stack
+from scripts.standins import complete_builds, moving, time_scale_for
 
 DEVICE_CLASS = "iphone-17-pro"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -5,10 +5,10 @@ the folded / state layout) the package is built (or taken from the build cache),
 prompt is decoded greedily in the reference interpreter, every op checked for non-finite values;
 its tokens are compared with transformers' fp32 greedy tokens for the same prompt.
 
-    python bench/smollm2_agreement.py                       # 30 prompts x 16 tokens, 8 variants
-    python bench/smollm2_agreement.py --prompts 5 --variants folded/state repeat_kv/input
-    python bench/smollm2_agreement.py --json                # one JSON object
-    python bench/smollm2_agreement.py --prompts 2 --quant-only --budget-minutes 20
+    python -m bench.smollm2_agreement                       # 30 prompts x 16 tokens, 8 variants
+    python -m bench.smollm2_agreement --prompts 5 --variants folded/state repeat_kv/input
+    python -m bench.smollm2_agreement --json                # one JSON object
+    python -m bench.smollm2_agreement --prompts 2 --quant-only --budget-minutes 20
 
 ``--quant-only`` measures the recipes (w8, w4, base, top8 on folded / state) against the same
 fp32 reference; ``--budget-minutes`` stops starting variants once the budget is spent (those
@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decodebench.building.agreement import AgreementReport, measure_agreement  # noqa: E402
-from decodebench.building.build import PACKAGE_NAME, build_variant  # noqa: E402
-from decodebench.building.cache import BuildCache  # noqa: E402
-from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.building.reference import reference_outputs  # noqa: E402
-from decodebench.contracts.domain import VariantSpec  # noqa: E402
-from decodebench.formats.coreml.program import quiet_coremltools  # noqa: E402
-from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, prompt_token_ids  # noqa: E402
+from decodebench.building.agreement import AgreementReport, measure_agreement
+from decodebench.building.build import PACKAGE_NAME, build_variant
+from decodebench.building.cache import BuildCache
+from decodebench.building.realmodels import fetch_model
+from decodebench.building.reference import reference_outputs
+from decodebench.contracts.domain import VariantSpec
+from decodebench.formats.coreml.program import quiet_coremltools
+from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, prompt_token_ids
 
 LAYOUT_VARIANTS = ("repeat_kv/state", "folded/state", "repeat_kv/input", "folded/input")
 QUANT_VARIANTS = ("folded/state/w8", "folded/state/w4", "folded/state/base", "folded/state/top8")

@@ -1,8 +1,8 @@
 """Diagnose SmolLM2-135M converted by Apple's Llama recipe: fp16 headroom by layer and role, the
 first overflow, and the avoidable bytes per token of both KV layouts.
 
-    python bench/smollm2_doctor.py                  # 30 chat prompts x 16 greedy steps
-    python bench/smollm2_doctor.py --prompts 5 --steps 16
+    python -m bench.smollm2_doctor                  # 30 chat prompts x 16 greedy steps
+    python -m bench.smollm2_doctor --prompts 5 --steps 16
 
 The packages are converted once (decodebench/formats/coreml/recipe.py, cached under
 ~/.cache/decodebench/recipe). Prints the headroom report (the fp32 run's largest |value| per op
@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decodebench.analysis.analyze import analyze_graphs  # noqa: E402
-from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.doctor.headroom import measure_headroom, render  # noqa: E402
-from decodebench.doctor.waste import find_waste  # noqa: E402
-from decodebench.doctor.waste import render as render_waste  # noqa: E402
-from decodebench.formats.coreml.program import quiet_coremltools  # noqa: E402
-from decodebench.formats.coreml.recipe import recipe_package  # noqa: E402
-from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, chat_token_ids  # noqa: E402
+from decodebench.analysis.analyze import analyze_graphs
+from decodebench.building.realmodels import fetch_model
+from decodebench.doctor.headroom import measure_headroom, render
+from decodebench.doctor.waste import find_waste
+from decodebench.doctor.waste import render as render_waste
+from decodebench.formats.coreml.program import quiet_coremltools
+from decodebench.formats.coreml.recipe import recipe_package
+from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, chat_token_ids
 
 
 def main() -> int:

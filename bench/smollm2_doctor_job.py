@@ -1,8 +1,8 @@
 """A doctor job on SmolLM2-135M converted by Apple's Llama recipe, through the whole service:
 server, build worker and agent (two simulated iPhone classes) as processes on a scratch database.
 
-    python bench/smollm2_doctor_job.py                        # 2 chat prompts x 8 greedy steps
-    python bench/smollm2_doctor_job.py --prompts 5 --steps 16
+    python -m bench.smollm2_doctor_job                        # 2 chat prompts x 8 greedy steps
+    python -m bench.smollm2_doctor_job --prompts 5 --steps 16
 
 Uploads the recipe's package (converted once, decodebench/formats/coreml/recipe.py), starts a doctor job,
 waits for it and for its A/B sweep, downloads the repaired package, and prints the figures: the
@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.cli import main as cli  # noqa: E402
-from decodebench.client import DecodebenchClient  # noqa: E402
-from decodebench.commands.cure import summary  # noqa: E402
-from decodebench.commands.submit import wait_for_sweep  # noqa: E402
-from decodebench.formats.coreml.recipe import recipe_package  # noqa: E402
-from scripts.stack import Stack, scratch_database  # noqa: E402
+from decodebench.building.realmodels import fetch_model
+from decodebench.cli import main as cli
+from decodebench.client import DecodebenchClient
+from decodebench.commands.cure import summary
+from decodebench.commands.submit import wait_for_sweep
+from decodebench.formats.coreml.recipe import recipe_package
+from scripts.stack import Stack, scratch_database
 
 DEVICES = ["iphone-16-pro", "iphone-17-pro"]
 

@@ -10,7 +10,7 @@ and the host CPU) and the server refuses any other, so a fifth cannot be entered
 ``--variants 13`` gives the big sweep 13 × 4 = 52 variant × class cells, more than 10 × 5's 50,
 as many runs and prompt rows as the page would have to show.
 
-    python bench/ui_pages.py [--sweeps 1000] [--repeats 20] [--variants 10] [--profile N]
+    python -m bench.ui_pages [--sweeps 1000] [--repeats 20] [--variants 10] [--profile N]
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 # The repository root, for scripts.standins (scripts/ is not an installed package).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SCRATCH = "decodebench_bench_ui"
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

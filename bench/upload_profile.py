@@ -1,6 +1,6 @@
 """Where an upload's time goes: the server's work for one 30-prompt `RunResult`, in-process.
 
-    python bench/upload_profile.py --json [--uploads 60]
+    python -m bench.upload_profile --json [--uploads 60]
 
 Creates its own database, completes builds and claims runs through the app (as
 bench/ingest.py does), then times the upload's service work without HTTP — the token and agent
@@ -14,17 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from scripts.stack import scratch_database  # noqa: E402
+from scripts.stack import scratch_database
 
 
 def main() -> None:
@@ -47,10 +41,10 @@ def main() -> None:
 
 
 def profile(uploads: int) -> dict:
-    import ingest
     from fastapi.testclient import TestClient
     from sqlalchemy import event
 
+    from bench import ingest
     from decodebench.contracts.results import RunResult
     from server import tenancy
     from server.agents import service as agents

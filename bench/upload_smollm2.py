@@ -4,7 +4,7 @@ the client half-way through model.safetensors, resume, and register it; prints t
 Starts its own server process on its own database (created afresh, then dropped); the model is
 fetched once into the model cache (`decodebench model fetch smollm2-135m`).
 
-    python bench/upload_smollm2.py [--chunk-mib 8] [--json]
+    python -m bench.upload_smollm2 [--chunk-mib 8] [--json]
 """
 
 from __future__ import annotations
@@ -12,18 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from decodebench.building.realmodels import fetch_model  # noqa: E402
-from decodebench.client import DecodebenchClient  # noqa: E402
-from decodebench.uploading import ResumeState, upload_model  # noqa: E402
-from scripts.stack import Stack, scratch_database  # noqa: E402
+from decodebench.building.realmodels import fetch_model
+from decodebench.client import DecodebenchClient
+from decodebench.uploading import ResumeState, upload_model
+from scripts.stack import Stack, scratch_database
 
 
 class Killed(Exception):

@@ -5,7 +5,7 @@ real judge (decodebench.judging), and prints one JSON object: the share of A/A c
 judged "no significant change", the share of 5%-faster variants judged "faster", and how often
 the 95% interval of a 3% speed-up covers 1.03.
 
-    python bench/verdict_calibration.py --seeds 100
+    python -m bench.verdict_calibration --seeds 100
 """
 
 from __future__ import annotations

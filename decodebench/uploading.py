@@ -23,12 +23,12 @@ from pathlib import Path
 
 import httpx
 
+from decodebench.checkpoints import check_gguf
 from decodebench.client import ApiError, DecodebenchClient, file_sha256
 from decodebench.contracts.uploads import ModelView
 from decodebench.modelfiles import (
     TOKENIZER_FILES,
     ModelFileError,
-    check_gguf,
     check_hf_checkpoint,
 )
 

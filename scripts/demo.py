@@ -23,14 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from stack import ROOT, Stack  # noqa: E402
-
-from decodebench.client import DecodebenchClient  # noqa: E402
-from decodebench.commands.answers import format_answers  # noqa: E402
-from decodebench.commands.status import format_comparison  # noqa: E402
-from decodebench.commands.submit import wait_for_sweep  # noqa: E402
+from decodebench.client import DecodebenchClient
+from decodebench.commands.answers import format_answers
+from decodebench.commands.status import format_comparison
+from decodebench.commands.submit import wait_for_sweep
+from scripts.stack import ROOT, Stack
 
 DEMO_SWEEP = {
     "model": "tiny-gqa",

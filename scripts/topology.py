@@ -1,8 +1,8 @@
 """The farm as separate hosts on one Linux machine: network namespaces joined by veth links.
 
-    sudo python scripts/topology.py up        # five hosts, every role started, tokens printed
-    sudo python scripts/topology.py sweep     # a sweep of two variants on both labs, with figures
-    sudo python scripts/topology.py down      # kill every process, delete every namespace
+    sudo python -m scripts.topology up        # five hosts, every role started, tokens printed
+    sudo python -m scripts.topology sweep     # a sweep of two variants on both labs, with figures
+    sudo python -m scripts.topology down      # kill every process, delete every namespace
 
 Hosts (namespace ``<prefix>-<host>``, address ``<subnet>.N``): ``db`` (its own PostgreSQL
 cluster and redis-server), ``server`` (`python -m server --workers 2`, and Celery beat),
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stack import stop_process_groups
+from scripts.stack import stop_process_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = Path("/tmp/decodebench-topology")
@@ -679,11 +679,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:8} {host.namespace:12} {host.address:12} {host.root}")
         print(f"server: {topology.server_url}  tokens: {topology.root / 'tokens.json'}")
         print(f"try: ip netns exec {topology.hosts['lab1'].namespace} ip addr; "
-              f"python scripts/topology.py sweep; python scripts/topology.py down")  # fmt: skip
+              f"python -m scripts.topology sweep; python -m scripts.topology down")  # fmt: skip
         return 0
     tokens = topology.root / "tokens.json"
     if not tokens.exists():
-        print("the topology is not up (python scripts/topology.py up)", file=sys.stderr)
+        print("the topology is not up (python -m scripts.topology up)", file=sys.stderr)
         return 2
     topology.tokens = json.loads(tokens.read_text())
     if args.command == "status":

@@ -34,9 +34,11 @@ LIBRARY_FLOORS: list[set[str]] = [
     {"contracts"},
     {
         "_quiet",
+        "archives",
         "artifacts",
         "broker",
         "calibration",
+        "checkpoints",
         "client",
         "detokenize",
         "harness",

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from decodebench.analysis.analyze import analyze_mlpackage
-from decodebench.artifacts import unpack
+from decodebench.archives import ArchiveError, unpack_package
 from decodebench.building.job import (
     BuildError,
     Job,
@@ -31,16 +31,15 @@ VERIFY_STEPS = 4  # decode steps the folded package must match the uploaded one 
 
 
 def package_from_zip(archive: Path, into: Path) -> Path:
-    """Unpack a zipped package (``X.mlpackage/…`` or the package's contents at the top)."""
-    unpack(archive, into)
-    if (into / "Manifest.json").is_file():
-        package = into.with_suffix(".mlpackage")
-        into.rename(package)
-        return package
-    found = sorted(path for path in into.glob("*.mlpackage") if (path / "Manifest.json").is_file())
-    if len(found) != 1:
-        raise BuildError(f"{archive.name}: holds {len(found)} .mlpackage folders, expected 1")
-    return found[0]
+    """Unpack a zipped package (``X.mlpackage/…`` or the package's contents at the top), by the
+    rule of :mod:`decodebench.archives`; a refused archive is a :class:`BuildError`."""
+    try:
+        package = unpack_package(archive, into, archive.name)
+    except ArchiveError as error:
+        raise BuildError(str(error)) from None
+    if package == into:  # the contents at the top: Core ML wants the folder named .mlpackage
+        package = into.rename(into.with_suffix(".mlpackage"))
+    return package
 
 
 def _kv_positions(source: Path) -> set[int]:

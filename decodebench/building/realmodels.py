@@ -105,11 +105,11 @@ def fetch_model(
 def dequantize_gguf(gguf: Path, root: Path) -> Path:
     """The Hugging Face folder of a GGUF file, dequantized once into ``root/gguf/<sha256>``.
 
-    The header is checked first (:func:`decodebench.modelfiles.check_gguf`: an architecture
+    The header is checked first (:func:`decodebench.checkpoints.check_gguf`: an architecture
     transformers' loader maps, nothing it would read as another model); a file it refuses raises
-    :class:`~decodebench.modelfiles.ModelFileError` naming why.
+    :class:`~decodebench.checkpoints.ModelFileError` naming why.
     """
-    from decodebench.modelfiles import check_gguf
+    from decodebench.checkpoints import check_gguf
 
     size = gguf.stat().st_size
     digest = hashlib.sha256()

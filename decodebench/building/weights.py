@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from decodebench.checkpoints import is_unused_tensor
 from decodebench.contracts.presets import LongRopeScaling, ModelConfig, RopeScaling
 from decodebench.modeling.families import FAMILIES, family_for
 from decodebench.modeling.hf_fields import ConfigError, family_fields
@@ -273,10 +274,6 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return family_for(config).shapes(config)
 
 
-# Tensors a checkpoint may carry that the decoder does not use.
-_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
-
-
 def load_checkpoint(
     folder: Path | str, dtype: Any = None, layers: int | None = None
 ) -> tuple[ModelConfig, dict[str, Any]]:
@@ -308,7 +305,7 @@ def load_checkpoint(
                             f"expected {expected[name]}"
                         )
                     tensors[name] = _convert(name, tensor, target)
-                elif _IGNORED.search(name) or _beyond_layers(name, config.num_layers, layers):
+                elif is_unused_tensor(name) or _beyond_layers(name, config.num_layers, layers):
                     continue
                 elif name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # some exporters write the tied copy out as well

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from decodebench.checkpoints import check_gguf
 from decodebench.contracts.domain import SweepSpec
 from decodebench.contracts.recipes import parse_recipe
 from decodebench.contracts.uploads import (
@@ -23,7 +24,6 @@ from decodebench.modelfiles import (
     TOKENIZER_FILES,
     ModelFileError,
     check_file_name,
-    check_gguf,
     check_hf_checkpoint,
     check_json_file,
     check_package_zip,

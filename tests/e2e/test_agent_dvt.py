@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stack import Stack
 
 from agent.doctor import largest_queued_model
 from agent.drivers.fixes import DDI_NOT_MOUNTED, KILLED_BY_IOS, NO_TUNNEL, PROFILE_UNTRUSTED
 from decodebench.client import DecodebenchClient
 from emulator.fleet import EmulatedFleet
+from scripts.stack import Stack
 from tests.support.lab import (
     PROMPTS,
     device_status,

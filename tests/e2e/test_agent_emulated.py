@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stack import Stack
 
 from decodebench.client import DecodebenchClient
 from decodebench.commands.submit import wait_for_sweep
 from emulator.fleet import EmulatedFleet
+from scripts.stack import Stack
 from tests.support.lab import (
     PROMPTS,
     device_status,

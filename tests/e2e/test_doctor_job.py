@@ -16,12 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack import Stack
 
 from decodebench.cli import main
 from decodebench.client import ApiError, DecodebenchClient
 from decodebench.commands.cure import summary
 from decodebench.commands.submit import wait_for_sweep
+from scripts.stack import Stack
 from tests.support.api import bearer
 from tests.support.browser import check_pages, sign_in
 from tests.support.doctor_jobs import massive_channel_checkpoint, massive_channel_package

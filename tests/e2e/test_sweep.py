@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from stack import Stack
 
 from decodebench.client import DecodebenchClient
 from decodebench.commands.submit import wait_for_sweep
+from scripts.stack import Stack
 from tests.support.services import table_counts
 
 pytestmark = pytest.mark.slow

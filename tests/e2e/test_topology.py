@@ -4,8 +4,8 @@ labs), each with its own folders and loopback, every byte between roles over the
 from __future__ import annotations
 
 import pytest
-from topology import SWEEP, run_sweep
 
+from scripts.topology import SWEEP, run_sweep
 from tests.support.topology import farm, server_errors, skip_unless_available
 
 pytestmark = [pytest.mark.slow, skip_unless_available()]

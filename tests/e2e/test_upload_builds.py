@@ -13,13 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack import Stack
 
 from decodebench.cli import main
 from decodebench.client import DecodebenchClient, file_sha256
 from decodebench.commands.submit import wait_for_sweep
 from decodebench.contracts.uploads import upload_identity
 from decodebench.uploading import ResumeState, upload_model
+from scripts.stack import Stack
 
 pytestmark = pytest.mark.slow
 DEVICES = ["iphone-16-pro", "iphone-17-pro"]
@@ -138,9 +138,9 @@ def test_uploaded_model_and_package_build_and_run(
 
         # Its package, uploaded as a user's own: run as built, and folded (verified).
         archive = client.download_artifact(built.artifact_sha256 or "", tmp_path / "built.zip")
-        from decodebench.artifacts import unpack
+        from decodebench.archives import unpack_package
 
-        package = unpack(archive, tmp_path / "built") / "model.mlpackage"
+        package = unpack_package(archive, tmp_path / "built", archive.name)
         capsys.readouterr()
         assert main(["model", "upload", str(package), "--name", "mine", "--server",
                      stack.server_url, "--token", stack.tokens["user"]]) == 0  # fmt: skip

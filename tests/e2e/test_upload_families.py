@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from stack import Stack
 
 from decodebench.cli import main
 from decodebench.client import DecodebenchClient
 from decodebench.commands.submit import wait_for_sweep
 from decodebench.contracts.uploads import upload_identity
+from scripts.stack import Stack
 from tests.support.families import QWEN3_FIELDS, qwen3_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from topology import Topology
 
+from scripts.topology import Topology
 from tests.support.topology import farm, server_errors, skip_unless_available, wait_for
 
 pytestmark = [pytest.mark.slow, skip_unless_available()]

@@ -100,7 +100,7 @@ def _guide_roles() -> list[tuple[str, str, set[str]]]:
 
 
 def test_topology_compose_and_guide_name_the_same_roles_settings_and_order() -> None:
-    from topology import HOST_OF_ROLE, START_ORDER, Topology
+    from scripts.topology import HOST_OF_ROLE, START_ORDER, Topology
 
     settings = Topology().role_settings()
     guide = _guide_roles()
@@ -123,7 +123,7 @@ def test_topology_compose_and_guide_name_the_same_roles_settings_and_order() -> 
 
 
 def test_the_guide_deploys_the_roles_in_start_order() -> None:
-    from topology import START_ORDER
+    from scripts.topology import START_ORDER
 
     text = (ROOT / "docs" / "guides" / "operators.md").read_text()
     block = text.split("## Deploying the roles")[1].split("```sh")[1].split("```")[0]

@@ -19,7 +19,8 @@ def test_demo_prints_the_comparison_and_the_ui_address(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
-            "scripts/demo.py",
+            "-m",
+            "scripts.demo",
             "--var-dir",
             str(tmp_path / "demo"),
             "--timeout",

@@ -31,7 +31,7 @@ def _established(pid: int, port: int) -> int:
 
 
 def test_server_processes_share_the_port_and_one_that_dies_is_replaced(db: None, tmp_path) -> None:
-    from stack import Stack
+    from scripts.stack import Stack
 
     running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")
     running.var_dir.mkdir(parents=True)

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from stack import Stack
-
+from scripts.stack import Stack
 from tests.support.api import bearer
 
 CHROMIUM = "/usr/bin/chromium"

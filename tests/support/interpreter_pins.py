@@ -104,8 +104,8 @@ def smollm2_package() -> Path:
     import subprocess
     import sys
 
-    command = [sys.executable, str(ROOT / "bench/interpreter.py"), "--build", "smollm2-fp16"]
-    built = subprocess.run(command, capture_output=True, text=True, check=True)
+    command = [sys.executable, "-m", "bench.interpreter", "--build", "smollm2-fp16"]
+    built = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     return Path(built.stdout.strip().splitlines()[-1])
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
-from stack import Stack
 
 from agent.config import AgentSettings
 from agent.drivers.emulated import driver_for_fleet
 from agent.main import Agent
 from decodebench.client import DecodebenchClient
 from emulator.fleet import EmulatedFleet
+from scripts.stack import Stack
 
 PROMPTS = 3
 

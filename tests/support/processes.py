@@ -10,7 +10,8 @@ def started_stack(tmp_path):
     """A server process on the (already migrated) test database, with one token per role minted
     in-process: the demo's `Stack.prepare` spends a Python start per token."""
     import redis
-    from stack import Stack
+
+    from scripts.stack import Stack
 
     redis.Redis.from_url(REDIS_URL).flushdb()
     running = Stack(database_url=DATABASE_URL, broker_url=REDIS_URL, var_dir=tmp_path / "var")

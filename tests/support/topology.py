@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from topology import Topology, available
+
+from scripts.topology import Topology, available
 
 TEST_PREFIX = "dbtest"
 TEST_SUBNET = "10.78.0"

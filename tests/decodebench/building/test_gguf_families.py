@@ -17,9 +17,9 @@ import torch
 from decodebench.building.agreement import measure_agreement
 from decodebench.building.build import PACKAGE_NAME
 from decodebench.building.reference import reference_outputs
+from decodebench.checkpoints import ModelFileError, check_gguf
 from decodebench.cli import main
 from decodebench.formats.coreml.program import quiet_coremltools
-from decodebench.modelfiles import ModelFileError, check_gguf
 from tests.support.families import MIN_MARGIN, margins, reference_logits, tiny_checkpoint
 from tests.support.gguf_files import write_gguf
 

@@ -9,8 +9,8 @@ the real server process): the browser is what is under test here."""
 from __future__ import annotations
 
 import pytest
-from stack import Stack
 
+from scripts.stack import Stack
 from tests.support.api import bearer, complete_build
 from tests.support.browser import FIGURES, SCREENS, check_pages, register_device, sign_in
 

@@ -13,8 +13,8 @@ import random
 from datetime import datetime, timedelta
 
 import pytest
-from stack import Stack
 
+from scripts.stack import Stack
 from tests.support.api import bearer, complete_build
 from tests.support.browser import DEVICE, FIGURES, check_pages, register_device, sign_in
 from tests.support.schedules import FIRST_NIGHT

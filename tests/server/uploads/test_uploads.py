@@ -177,12 +177,8 @@ def test_gguf_and_package_archives_are_checked(tmp_path: Path) -> None:
     import io
     import zipfile
 
-    from decodebench.modelfiles import (
-        ModelFileError,
-        check_gguf,
-        check_json_file,
-        check_package_zip,
-    )
+    from decodebench.checkpoints import check_gguf
+    from decodebench.modelfiles import ModelFileError, check_json_file, check_package_zip
 
     with pytest.raises(ModelFileError, match="tokenizer.json: not JSON"):
         check_json_file("tokenizer.json", b"[" * 100_000)  # a RecursionError, not a 500

@@ -176,7 +176,7 @@ def test_a_cancelled_run_stops_before_measuring(tmp_path: Path, artifacts: dict[
 def test_the_bench_prints_both_layouts_and_their_ratio() -> None:
     completed = subprocess.run(
         [
-            sys.executable, "bench/host_decode.py", "--models", "tiny-gqa",
+            sys.executable, "-m", "bench.host_decode", "--models", "tiny-gqa",
             "--context", "256", "--tokens", "4", "--repeats", "2", "--threads", "1",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
