@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from decodebench.analysis.copies import redundant_copies
+from decodebench.analysis.graph import AnalysisError, Graph, ProgramGraph
 from decodebench.analysis.traffic import (
     dispatch_ops,
     kv_traffic,
@@ -36,24 +37,13 @@ from decodebench.contracts.names import (
     METADATA_SLIDING_CACHES,
     METADATA_SLIDING_WINDOW,
 )
-from decodebench.formats.coreml.graph import (
-    AnalysisError,
-    FunctionGraph,
-    decode_function_name,
-    function_graphs,
-    load_program,
-    value_bytes,
-    value_dtype,
-    value_shape,
-)
-from decodebench.formats.coreml.known_ops import KNOWN_OPS
+from decodebench.formats import get_format
 
 __all__ = [
     "ANALYSIS_VERSION",
     "AnalysisError",
     "analyze_graphs",
     "analyze_mlpackage",
-    "load_program",
 ]
 
 # 1: the first cut (tiles only, whole weights, no dispatch term). 2: this module. 3: sliding
@@ -61,13 +51,7 @@ __all__ = [
 ANALYSIS_VERSION = 3
 
 
-def _directory_bytes(directory: Path) -> int:
-    if not directory.is_dir():
-        return 0
-    return sum(item.stat().st_size for item in directory.rglob("*") if item.is_file())
-
-
-def _function_ops(graph: FunctionGraph) -> FunctionOps:
+def _function_ops(graph: Graph) -> FunctionOps:
     counts = Counter(operation.type for operation in graph.operations)
     return FunctionOps(
         ops_total=sum(counts.values()),
@@ -77,7 +61,7 @@ def _function_ops(graph: FunctionGraph) -> FunctionOps:
     )
 
 
-def _weight_storage(graphs: Iterable[FunctionGraph]) -> tuple[int, dict[str, int], dict[str, int]]:
+def _weight_storage(graphs: Iterable[Graph]) -> tuple[int, dict[str, int], dict[str, int]]:
     """Stored weight bytes of the whole program (each blob once), by encoding and by dtype."""
     seen: set[tuple[str, ...]] = set()
     by_encoding: Counter[str] = Counter()
@@ -136,40 +120,47 @@ def sliding_window_saving(
     )
 
 
-def analyze_mlpackage(path: Path | str) -> GraphAnalysis:
-    """Analyse a saved ``.mlpackage`` without loading its weights or running it."""
-    return analyze_graphs(path)[0]
+def analyze_mlpackage(path: Path | str, format_name: str = "coreml") -> GraphAnalysis:
+    """Analyse a saved package (a ``.mlpackage`` by default) without loading its weights or
+    running it."""
+    return analyze_graphs(path, format_name)[0]
 
 
-def analyze_graphs(path: Path | str) -> tuple[GraphAnalysis, dict[str, FunctionGraph]]:
+def analyze_graphs(
+    path: Path | str, format_name: str = "coreml"
+) -> tuple[GraphAnalysis, dict[str, Graph]]:
     """The analysis and the function graphs it read, for a caller that reads them further
     (:func:`decodebench.doctor.waste.find_waste`) without parsing the program again."""
-    spec, model_directory = load_program(path)
-    graphs = function_graphs(spec, model_directory)
-    decode_name = decode_function_name(spec)
-    if decode_name is None:
-        raise AnalysisError(f"{path} is an mlprogram without functions")
+    program = get_format(format_name).read_graph(Path(path))
+    return analyze_program(program), program.functions
+
+
+def analyze_program(program: ProgramGraph) -> GraphAnalysis:
+    """The analysis of a program any format read into the neutral graph."""
+    graphs = program.functions
+    decode_name = program.decode_function
     decode = graphs[decode_name]
     operations = [operation for graph in graphs.values() for operation in graph.operations]
     op_counts = Counter(operation.type for operation in operations)
 
     tiles = [
         TensorRecord(
-            name=named.name,
-            shape=value_shape(named.type) or [],
-            dtype=value_dtype(named.type),
-            bytes=value_bytes(named.type),
+            name=name,
+            shape=list(graph.tensor(name).shape or ()),
+            dtype=graph.tensor(name).dtype,
+            bytes=graph.bytes_of(name),
         )
-        for operation in operations
+        for graph in graphs.values()
+        for operation in graph.operations
         if operation.type == "tile"
-        for named in operation.outputs
+        for name in operation.outputs
     ]
     copies = redundant_copies(decode)
     kv = kv_traffic(decode)
     weight_bytes, by_encoding, by_dtype = _weight_storage(graphs.values())
     weights_read = weight_bytes_read(decode)
     redundant = sum(copy.moved_bytes for copy in copies)
-    metadata = dict(spec.description.metadata.userDefined)
+    metadata = program.metadata
     states, window, context = _with_windows(kv.states, metadata)
     read_states = [state for state in states if state.read]
     moved = BytesPerToken(
@@ -190,7 +181,7 @@ def analyze_graphs(path: Path | str) -> tuple[GraphAnalysis, dict[str, FunctionG
         non_const_ops=sum(op_counts.values()) - op_counts.get("const", 0),
         dispatch_ops=dispatch_ops(decode),
         op_counts=dict(op_counts.most_common()),
-        unknown_ops={op: count for op, count in op_counts.items() if op not in KNOWN_OPS},
+        unknown_ops={op: count for op, count in op_counts.items() if op not in program.known_ops},
         tile_ops=op_counts.get("tile", 0),
         tile_output_bytes=sum(tile.bytes for tile in tiles),
         tiles=tiles,
@@ -201,7 +192,7 @@ def analyze_graphs(path: Path | str) -> tuple[GraphAnalysis, dict[str, FunctionG
         state_write_bytes=kv.state_write_bytes,
         state_read_ops=op_counts.get("read_state", 0),
         weight_bytes=weight_bytes,
-        weight_file_bytes=_directory_bytes(model_directory / "weights"),
+        weight_file_bytes=program.weight_file_bytes,
         weight_bytes_by_encoding=by_encoding,
         weight_bytes_by_dtype=by_dtype,
         kv_source=kv.source,
@@ -210,7 +201,7 @@ def analyze_graphs(path: Path | str) -> tuple[GraphAnalysis, dict[str, FunctionG
         bytes_per_token=moved,
         sliding_window=sliding_window_saving(states, window, context, moved),
     )
-    return analysis, graphs
+    return analysis
 
 
 def render_analysis(analysis: GraphAnalysis, title: str, extra: Iterable[str] = ()) -> str:

@@ -21,15 +21,9 @@ from collections import Counter
 
 import numpy as np
 
+from decodebench.analysis.graph import Graph, Op
 from decodebench.analysis.traffic import GATHER_OPS, is_constant_op, through_views
 from decodebench.contracts.analysis import RedundantCopy
-from decodebench.formats.coreml.graph import (
-    FunctionGraph,
-    Operation,
-    value_bytes,
-    value_dtype,
-    value_shape,
-)
 
 # A transpose smaller than this stays in on-chip memory; a larger one makes a round trip to DRAM.
 LARGE_TRANSPOSE_BYTES = 1 << 20
@@ -42,7 +36,7 @@ IDENTITY_OPERANDS: dict[str, tuple[tuple[str, ...], float]] = {
 }
 
 
-def copy_source(graph: FunctionGraph, name: str | None) -> tuple[str, str]:
+def copy_source(graph: Graph, name: str | None) -> tuple[str, str]:
     """Where a copied tensor comes from: (op type, value or state name), views skipped."""
     if name is None:
         return "none", ""
@@ -54,12 +48,12 @@ def copy_source(graph: FunctionGraph, name: str | None) -> tuple[str, str]:
     return producer.type, value or ""
 
 
-def _is_constant(graph: FunctionGraph, name: str) -> bool:
+def _is_constant(graph: Graph, name: str) -> bool:
     producer, _ = through_views(graph, name)
     return producer is not None and is_constant_op(producer)
 
 
-def _repeats_its_input(graph: FunctionGraph, operation: Operation) -> str | None:
+def _repeats_its_input(graph: Graph, operation: Op) -> str | None:
     """The repeated input of a concat or gather that only replicates it, else None."""
     if operation.type == "concat":
         roots = [
@@ -74,18 +68,18 @@ def _repeats_its_input(graph: FunctionGraph, operation: Operation) -> str | None
         indices = graph.constant(operation, "indices")
         if data is None or _is_constant(graph, data) or indices is None or not operation.outputs:
             return None
-        gathered = graph.elements_of(operation.outputs[0].name) or 0
+        gathered = graph.elements_of(operation.outputs[0]) or 0
         has_duplicates = np.unique(indices).size < indices.size
         return data if has_duplicates and gathered > (graph.elements_of(data) or 0) else None
     return None
 
 
-def _broadcast_input(graph: FunctionGraph, operation: Operation) -> str | None:
+def _broadcast_input(graph: Graph, operation: Op) -> str | None:
     """The input an identity op (x + 0, x * 1, ...) only broadcasts to a bigger shape."""
     if operation.type not in IDENTITY_OPERANDS or not operation.outputs:
         return None
     parameters, identity = IDENTITY_OPERANDS[operation.type]
-    produced = graph.elements_of(operation.outputs[0].name) or 0
+    produced = graph.elements_of(operation.outputs[0]) or 0
     for parameter in parameters:
         constant = graph.constant(operation, parameter)
         if constant is None or constant.size == 0 or not np.all(constant == identity):
@@ -102,7 +96,7 @@ def _moves_data(shape: list[int], permutation: np.ndarray) -> bool:
     return order != sorted(order)
 
 
-def _copied_input(graph: FunctionGraph, operation: Operation) -> tuple[str, str | None] | None:
+def _copied_input(graph: Graph, operation: Op) -> tuple[str, str | None] | None:
     """(kind, copied input) when ``operation`` is a pure copy, else None."""
     if operation.type == "tile":
         return "tile", graph.argument_name(operation, "x")
@@ -118,14 +112,14 @@ def _copied_input(graph: FunctionGraph, operation: Operation) -> tuple[str, str 
     if operation.type == "transpose" and operation.outputs:
         data = graph.argument_name(operation, "x")
         shape, permutation = graph.shape_of(data), graph.constant(operation, "perm")
-        large = graph.bytes_of(operation.outputs[0].name) >= LARGE_TRANSPOSE_BYTES
+        large = graph.bytes_of(operation.outputs[0]) >= LARGE_TRANSPOSE_BYTES
         if large and shape is not None and permutation is not None:
             if len(shape) == permutation.size and _moves_data(shape, permutation):
                 return "transpose", data
     return None
 
 
-def redundant_copies(graph: FunctionGraph) -> list[RedundantCopy]:
+def redundant_copies(graph: Graph) -> list[RedundantCopy]:
     copies = []
     for operation in graph.operations:
         found = _copied_input(graph, operation)
@@ -134,17 +128,17 @@ def redundant_copies(graph: FunctionGraph) -> list[RedundantCopy]:
         kind, copied = found
         source_op, source = copy_source(graph, copied)
         for output in operation.outputs:
-            size = value_bytes(output.type)
+            tensor = graph.tensor(output)
             copies.append(
                 RedundantCopy(
                     kind=kind,
                     op=operation.type,
-                    name=output.name,
+                    name=output,
                     function=graph.name,
-                    shape=value_shape(output.type) or [],
-                    dtype=value_dtype(output.type),
-                    bytes=size,
-                    moved_bytes=2 * size,
+                    shape=list(tensor.shape or ()),
+                    dtype=tensor.dtype,
+                    bytes=tensor.bytes,
+                    moved_bytes=2 * tensor.bytes,
                     source_op=source_op,
                     source=source,
                 )

@@ -20,16 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from decodebench.analysis.graph import Constant, Graph, Op, Tensor
 from decodebench.contracts.analysis import KvState
-from decodebench.formats.coreml.graph import (
-    FunctionGraph,
-    InlineValue,
-    Operation,
-    op_name,
-    value_bytes,
-    value_dtype,
-    value_shape,
-)
 
 # Inline (immediate) tensors at least this big are weights stored in the program itself;
 # smaller ones are shapes, axes and scalars (unless a constexpr op decompresses them).
@@ -43,7 +35,7 @@ GATHER_OPS = frozenset({"gather", "gather_along_axis", "gather_nd"})
 KV_NAME = re.compile(r"key|value|past|present|cache|(^|[._])(k|v|kv)([._\d]|$)", re.IGNORECASE)
 
 
-def is_constant_op(operation: Operation) -> bool:
+def is_constant_op(operation: Op) -> bool:
     return operation.type == "const" or operation.type.startswith("constexpr_")
 
 
@@ -53,7 +45,7 @@ class StoredWeight:
     bytes: int
     dtype: str
     encoding: str
-    holder: InlineValue
+    holder: Constant
 
 
 @dataclass(frozen=True)
@@ -69,73 +61,65 @@ class KvTraffic:
 # --- weights ---------------------------------------------------------------------------------
 
 
-def _decompressed_by(graph: FunctionGraph, operation: Operation) -> str | None:
+def _decompressed_by(graph: Graph, operation: Op) -> str | None:
     for output in operation.outputs:
-        for consumer, _ in graph.consumers.get(output.name, []):
+        for consumer, _ in graph.consumers.get(output, []):
             if consumer.type.startswith("constexpr_"):
                 return consumer.type
     return None
 
 
-def stored_weights(graph: FunctionGraph) -> list[StoredWeight]:
+def stored_weights(graph: Graph) -> list[StoredWeight]:
     """Every constant of the function that is stored weight data (blob or large immediate)."""
     weights = []
-    for held in graph.inline_values:
-        operation, value = held.operation, held.value
-        kind = value.WhichOneof("value")
-        size = value_bytes(value.type)
-        rank = len(value_shape(value.type) or [])
+    for held in graph.constants:
+        operation, tensor = held.op, held.tensor
+        rank = len(tensor.shape or ())
         compressed_by = (
             operation.type
             if operation.type.startswith("constexpr_")
             else (_decompressed_by(graph, operation) if operation.type == "const" else None)
         )
-        if kind == "blobFileValue":
-            key: tuple[str, ...] = (
-                "blob",
-                value.blobFileValue.fileName,
-                str(value.blobFileValue.offset),
-            )
-        elif kind == "immediateValue" and (
-            size >= LARGE_IMMEDIATE_BYTES or (compressed_by is not None and rank >= 1)
-        ):
-            key = ("immediate", graph.name, op_name(operation), held.parameter)
+        if held.stored_at is not None:
+            key: tuple[str, ...] = ("blob", *held.stored_at)
+        elif tensor.bytes >= LARGE_IMMEDIATE_BYTES or (compressed_by is not None and rank >= 1):
+            key = ("immediate", graph.name, operation.name, held.parameter)
         else:
             continue
         weights.append(
-            StoredWeight(key, size, value_dtype(value.type), compressed_by or "dense", held)
+            StoredWeight(key, tensor.bytes, tensor.dtype, compressed_by or "dense", held)
         )
     return weights
 
 
-def _read_fraction_of_values(graph: FunctionGraph, names: list[str], depth: int = 0) -> float:
+def _read_fraction_of_values(graph: Graph, names: list[str], depth: int = 0) -> float:
     """Share of a constant one call reads: 1 if any op uses it whole, else the rows gathered."""
     gathered = 0.0
     for name in names:
         elements = graph.elements_of(name)
         for consumer, parameter in graph.consumers.get(name, []):
             if consumer.type.startswith("constexpr_") or consumer.type in WEIGHT_VIEW_OPS:
-                outputs = [output.name for output in consumer.outputs]
+                outputs = list(consumer.outputs)
                 share = _read_fraction_of_values(graph, outputs, depth + 1) if depth < 16 else 1
                 if share >= 1.0:
                     return 1.0
                 gathered += share
             elif consumer.type in GATHER_OPS and parameter == "x" and elements:
-                rows = graph.elements_of(consumer.outputs[0].name) if consumer.outputs else None
+                rows = graph.elements_of(consumer.outputs[0]) if consumer.outputs else None
                 gathered += (rows or elements) / elements
             else:
                 return 1.0
     return min(1.0, gathered)
 
 
-def weight_read_fraction(graph: FunctionGraph, weight: StoredWeight) -> float:
-    operation = weight.holder.operation
+def weight_read_fraction(graph: Graph, weight: StoredWeight) -> float:
+    operation = weight.holder.op
     if is_constant_op(operation):
-        return _read_fraction_of_values(graph, [output.name for output in operation.outputs])
+        return _read_fraction_of_values(graph, list(operation.outputs))
     return 1.0  # bound inline to a compute op, which reads it whole
 
 
-def weight_bytes_read(graph: FunctionGraph) -> int:
+def weight_bytes_read(graph: Graph) -> int:
     """Weight bytes one call of ``graph`` reads (a blob shared by several consts, once)."""
     shares: dict[tuple[str, ...], tuple[int, float]] = {}
     for weight in stored_weights(graph):
@@ -148,7 +132,7 @@ def weight_bytes_read(graph: FunctionGraph) -> int:
 # --- KV cache --------------------------------------------------------------------------------
 
 
-def through_views(graph: FunctionGraph, name: str | None) -> tuple[Operation | None, str | None]:
+def through_views(graph: Graph, name: str | None) -> tuple[Op | None, str | None]:
     """The first producer of ``name`` that is not a view, and the value it produced."""
     for _ in range(64):
         producer = graph.producers.get(name) if name else None
@@ -158,14 +142,14 @@ def through_views(graph: FunctionGraph, name: str | None) -> tuple[Operation | N
     return None, name
 
 
-def _state_read(graph: FunctionGraph, name: str | None) -> str | None:
+def _state_read(graph: Graph, name: str | None) -> str | None:
     producer, _ = through_views(graph, name)
     if producer is not None and producer.type == "read_state":
         return graph.argument_name(producer, "input")
     return None
 
 
-def _sequence_axes(graph: FunctionGraph) -> dict[str, int]:
+def _sequence_axes(graph: Graph) -> dict[str, int]:
     """The position axis of each state: where a ``slice_update`` writes fewer entries."""
     axes: dict[str, int] = {}
     for operation in graph.operations:
@@ -182,16 +166,16 @@ def _sequence_axes(graph: FunctionGraph) -> dict[str, int]:
     return axes
 
 
-def _kv_state(name: str, value_type, axis: int | None, read: bool) -> KvState:
-    shape = value_shape(value_type) or []
-    size = value_bytes(value_type)
+def _kv_state(name: str, tensor: Tensor, axis: int | None, read: bool) -> KvState:
+    shape = list(tensor.shape or ())
+    size = tensor.bytes
     if axis is None and shape:
         axis = max(range(len(shape)), key=lambda index: shape[index])
     positions = shape[axis] if axis is not None and shape else 0
     return KvState(
         name=name,
         shape=shape,
-        dtype=value_dtype(value_type),
+        dtype=tensor.dtype,
         bytes=size,
         positions=positions,
         bytes_per_position=size // positions if positions else 0,
@@ -199,7 +183,7 @@ def _kv_state(name: str, value_type, axis: int | None, read: bool) -> KvState:
     )
 
 
-def written_bytes(graph: FunctionGraph, operation: Operation) -> int:
+def written_bytes(graph: Graph, operation: Op) -> int:
     """Bytes a state write really changes: the slice when the value is a slice_update."""
     name = graph.argument_name(operation, "data" if operation.type == "write_state" else "value")
     producer = graph.producers.get(name) if name else None
@@ -210,12 +194,12 @@ def written_bytes(graph: FunctionGraph, operation: Operation) -> int:
     return graph.bytes_of(name)
 
 
-def _looks_like_kv(graph: FunctionGraph, name: str) -> bool:
+def _looks_like_kv(graph: Graph, name: str) -> bool:
     shape = graph.shape_of(name)
     return bool(KV_NAME.search(name)) and shape is not None and len(shape) >= 3
 
 
-def kv_traffic(graph: FunctionGraph) -> KvTraffic:
+def kv_traffic(graph: Graph) -> KvTraffic:
     read_states = {
         graph.argument_name(operation, "input")
         for operation in graph.operations
@@ -223,15 +207,15 @@ def kv_traffic(graph: FunctionGraph) -> KvTraffic:
     }
     axes = _sequence_axes(graph)
     states = [
-        _kv_state(name, value_type, axes.get(name), name in read_states)
-        for name, value_type in graph.states.items()
+        _kv_state(name, tensor, axes.get(name), name in read_states)
+        for name, tensor in graph.states.items()
     ]
     source = "states" if states else "none"
     if not states:
         # A stateless decoder gets its cache as inputs (and returns the new entries).
         states = [
-            _kv_state(name, value_type, None, True)
-            for name, value_type in graph.inputs.items()
+            _kv_state(name, tensor, None, True)
+            for name, tensor in graph.inputs.items()
             if _looks_like_kv(graph, name)
         ]
         source = "inputs" if states else "none"
@@ -250,6 +234,6 @@ def kv_traffic(graph: FunctionGraph) -> KvTraffic:
     )
 
 
-def dispatch_ops(graph: FunctionGraph) -> int:
+def dispatch_ops(graph: Graph) -> int:
     """Ops a call runs: constants and constexpr decompression happen once, at load."""
     return sum(not is_constant_op(operation) for operation in graph.operations)

@@ -28,22 +28,16 @@ from collections.abc import Sized
 from pathlib import Path
 
 from decodebench.analysis.analyze import analyze_graphs
+from decodebench.analysis.graph import Graph
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.doctor import Waste
 from decodebench.contracts.profiles import DEVICE_PROFILES
-from decodebench.formats.coreml.graph import (
-    FunctionGraph,
-    dtype_bits,
-    dtype_name,
-    function_graphs,
-    load_program,
-    tensor_type,
-)
+from decodebench.formats import get_format
 
 LM_HEAD_SHARE = 0.25
 PALETTE_BITS = 6
 REPLICATIONS = ("tile", "repeat_concat", "repeat_gather")
-FLOATS = ("FLOAT16", "FLOAT32")
+FLOATS = ("float16", "float32")
 
 
 def _after(analysis: GraphAnalysis, saved: int) -> dict[str, float]:
@@ -58,14 +52,7 @@ def _count(items: Sized, one: str, many: str = "") -> str:
     return f"{len(items)} {one if len(items) == 1 else many or one + 's'}"
 
 
-def _dtype(graph: FunctionGraph, name: str) -> str:
-    """The MIL dtype name (``FLOAT16``...) of a tensor value, "" for anything else."""
-    value_type = graph.types.get(name)
-    tensor = None if value_type is None else tensor_type(value_type)
-    return "" if tensor is None else dtype_name(tensor.dataType)
-
-
-def _is_computed(graph: FunctionGraph, name: str) -> bool:
+def _is_computed(graph: Graph, name: str) -> bool:
     producer = graph.producers.get(name)
     return producer is None or (
         producer.type != "const" and not producer.type.startswith("constexpr_")
@@ -75,7 +62,8 @@ def _is_computed(graph: FunctionGraph, name: str) -> bool:
 def find_waste(
     path: Path | str,
     analysis: GraphAnalysis | None = None,
-    graphs: dict[str, FunctionGraph] | None = None,
+    graphs: dict[str, Graph] | None = None,
+    format_name: str = "coreml",
 ) -> list[Waste]:
     """The avoidable bytes of the package at ``path``, read from its protobuf (weights stay on
     disk). Pass the ``analysis`` and the ``graphs`` :func:`analyze_graphs` returned to read the
@@ -83,7 +71,7 @@ def find_waste(
     if analysis is None:
         analysis, graphs = analyze_graphs(path)
     elif graphs is None:
-        graphs = function_graphs(*load_program(path))
+        graphs = get_format(format_name).read_graph(Path(path)).functions
     graph = graphs.get(analysis.decode_function) or next(iter(graphs.values()))
     found: list[Waste] = []
 
@@ -135,13 +123,13 @@ def find_waste(
         "in the decode loop: only the new K/V slice is written",
     )
     widened = [
-        operation.outputs[0].name
+        operation.outputs[0]
         for operation in graph.operations
         if operation.type == "cast"
         and (source := graph.argument_name(operation, "x")) is not None
         and _is_computed(graph, source)
-        and _dtype(graph, source) == "FLOAT16"
-        and _dtype(graph, operation.outputs[0].name) == "FLOAT32"
+        and graph.tensor(source).dtype == "float16"
+        and graph.tensor(operation.outputs[0]).dtype == "float32"
     ]
     add(
         "fp32 islands",
@@ -153,11 +141,11 @@ def find_waste(
     context = max((state.positions for state in analysis.states), default=0)
     masks = [
         name
-        for name, value_type in graph.inputs.items()
+        for name, tensor in graph.inputs.items()
         if context
         and name not in caches
-        and value_type.WhichOneof("type") == "tensorType"
-        and _dtype(graph, name) in FLOATS
+        and not tensor.state
+        and tensor.dtype in FLOATS
         and len(shape := graph.shape_of(name) or []) >= 2
         and shape[-1] == context
     ]
@@ -171,13 +159,13 @@ def find_waste(
         name
         for operation in graph.operations
         if operation.type == "linear"
-        and any(out.name in outputs for out in operation.outputs)
+        and any(out in outputs for out in operation.outputs)
         and (name := graph.argument_name(operation, "weight")) is not None
     ]
     head_bytes = sum(graph.bytes_of(name) for name in heads)
     weights = max(analysis.bytes_per_token.weights, 1)
     if head_bytes / weights > LM_HEAD_SHARE:
-        bits = dtype_bits(tensor_type(graph.types[heads[0]]).dataType)  # type: ignore[union-attr]
+        bits = graph.tensor(heads[0]).bits
         add(
             "lm_head dominates",
             f"the lm_head is {head_bytes / weights:.0%} of the weight bytes",

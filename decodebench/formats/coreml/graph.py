@@ -1,7 +1,8 @@
 """Read the MIL program of a saved ``.mlpackage`` from its protobuf (the weights stay on disk).
 
-:class:`FunctionGraph` indexes one function: every op (nested blocks included), the type, the
-producer and the consumers of every named value, and the constants bound inline. Of the weight
+:func:`read_program` gives the format-neutral :class:`~decodebench.analysis.graph.ProgramGraph`
+the analyses read: every op of each function (nested blocks included), the type, the producer
+and the consumers of every named value, and the constants bound inline. Of the weight
 file only tiny blobs are ever read (coremltools stores any constant above 10 elements there,
 so an all-zero broadcast operand is one), never the weights themselves.
 """
@@ -13,16 +14,22 @@ import math
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
 
 import numpy as np
 from coremltools.proto import MIL_pb2, Model_pb2
 from google.protobuf.message import DecodeError
 
-# A MIL_pb2.Operation; protobuf classes carry no static types here.
-Operation: TypeAlias = Any
+from decodebench.analysis.graph import (
+    NOT_A_TENSOR,
+    AnalysisError,
+    Constant,
+    Graph,
+    Op,
+    ProgramGraph,
+    Tensor,
+)
+from decodebench.formats.coreml.known_ops import KNOWN_OPS
 
 _SPECIAL_DTYPE_BITS = {"BOOL": 8, "FLOAT8E4M3FN": 8, "FLOAT8E5M2": 8}
 _NUMPY_DTYPES = {
@@ -46,10 +53,6 @@ SMALL_BLOB_BYTES = 4096
 # MILBlob storage: each blob starts with a 64-byte header, sentinel, dtype, size, data offset.
 _BLOB_SENTINEL = 0xDEADBEEF
 _BLOB_HEADER = struct.Struct("<IIQQ")
-
-
-class AnalysisError(ValueError):
-    """The path is not something this module can analyse; the message says what is missing."""
 
 
 def load_program(path: Path | str) -> tuple[Model_pb2.Model, Path]:
@@ -191,126 +194,28 @@ def small_blob_array(model_directory: Path, value: MIL_pb2.Value) -> np.ndarray 
     return array[:count].reshape(shape) if array.size >= count else None
 
 
-def _operations(block: MIL_pb2.Block) -> Iterator[Operation]:
+def _operations(block: MIL_pb2.Block) -> Iterator[MIL_pb2.Operation]:
     for operation in block.operations:
         yield operation
         for nested in operation.blocks:
             yield from _operations(nested)
 
 
-@dataclass
-class InlineValue:
-    """A constant bound directly to an op's parameter or attribute rather than by name."""
-
-    operation: Operation
-    parameter: str
-    value: MIL_pb2.Value
-
-
-@dataclass
-class FunctionGraph:
-    name: str
-    opset: str
-    inputs: dict[str, MIL_pb2.ValueType]
-    outputs: list[str]
-    operations: list[Operation] = field(default_factory=list)
-    types: dict[str, MIL_pb2.ValueType] = field(default_factory=dict)
-    producers: dict[str, Operation] = field(default_factory=dict)
-    consumers: dict[str, list[tuple[Operation, str]]] = field(default_factory=dict)
-    inline_values: list[InlineValue] = field(default_factory=list)
-    model_directory: Path | None = None
-
-    @classmethod
-    def from_proto(
-        cls, name: str, function: MIL_pb2.Function, model_directory: Path | None = None
-    ) -> FunctionGraph:
-        if function.opset in function.block_specializations:
-            blocks = [function.block_specializations[function.opset]]
-        else:
-            blocks = list(function.block_specializations.values())
-        graph = cls(
-            name=name,
-            opset=function.opset,
-            inputs={named.name: named.type for named in function.inputs},
-            outputs=[output for block in blocks for output in block.outputs],
-            model_directory=model_directory,
-        )
-        graph.types.update(graph.inputs)
-        for block in blocks:
-            for named in block.inputs:
-                graph.types[named.name] = named.type
-            for operation in _operations(block):
-                graph._add(operation)
-        return graph
-
-    def _add(self, operation: Operation) -> None:
-        self.operations.append(operation)
-        for named in operation.outputs:
-            self.types[named.name] = named.type
-            self.producers[named.name] = operation
-        for nested in operation.blocks:
-            for named in nested.inputs:
-                self.types[named.name] = named.type
-        for parameter, argument in operation.inputs.items():
-            for binding in argument.arguments:
-                if binding.WhichOneof("binding") == "name":
-                    self.consumers.setdefault(binding.name, []).append((operation, parameter))
-                elif binding.WhichOneof("binding") == "value":
-                    self.inline_values.append(InlineValue(operation, parameter, binding.value))
-        for attribute, value in operation.attributes.items():
-            if attribute != "name":
-                self.inline_values.append(InlineValue(operation, attribute, value))
-
-    @property
-    def states(self) -> dict[str, MIL_pb2.ValueType]:
-        return {
-            name: value_type
-            for name, value_type in self.inputs.items()
-            if value_type.WhichOneof("type") == "stateType"
-        }
-
-    def argument_names(self, operation: Operation, parameter: str) -> list[str]:
-        if parameter not in operation.inputs:
-            return []
-        return [binding.name for binding in operation.inputs[parameter].arguments if binding.name]
-
-    def argument_name(self, operation: Operation, parameter: str) -> str | None:
-        names = self.argument_names(operation, parameter)
-        return names[0] if names else None
-
-    def constant(self, operation: Operation, parameter: str) -> np.ndarray | None:
-        """The value of a parameter bound to an immediate, inline or through a ``const`` op."""
-        if parameter not in operation.inputs or not operation.inputs[parameter].arguments:
-            return None
-        binding = operation.inputs[parameter].arguments[0]
-        if binding.WhichOneof("binding") == "value":
-            return self._value_array(binding.value)
-        producer = self.producers.get(binding.name)
-        if producer is None or producer.type != "const" or "val" not in producer.attributes:
-            return None
-        return self._value_array(producer.attributes["val"])
-
-    def _value_array(self, value: MIL_pb2.Value) -> np.ndarray | None:
-        if value.WhichOneof("value") == "blobFileValue" and self.model_directory is not None:
-            return small_blob_array(self.model_directory, value)
-        return immediate_array(value)
-
-    def bytes_of(self, name: str | None) -> int:
-        if name is None or name not in self.types:
-            return 0
-        return value_bytes(self.types[name])
-
-    def shape_of(self, name: str | None) -> list[int] | None:
-        if name is None or name not in self.types:
-            return None
-        return value_shape(self.types[name])
-
-    def elements_of(self, name: str | None) -> int | None:
-        shape = self.shape_of(name)
-        return None if shape is None else math.prod(shape)
+def tensor_of(value_type: MIL_pb2.ValueType) -> Tensor:
+    """The neutral static type of a MIL value type (a state is its wrapped tensor, marked)."""
+    tensor = tensor_type(value_type)
+    if tensor is None:
+        return NOT_A_TENSOR
+    shape = tensor_shape(tensor)
+    return Tensor(
+        shape=None if shape is None else tuple(shape),
+        dtype=dtype_name(tensor.dataType).lower(),
+        bits=dtype_bits(tensor.dataType),
+        state=value_type.WhichOneof("type") == "stateType",
+    )
 
 
-def op_name(operation: Operation) -> str:
+def op_name(operation: MIL_pb2.Operation) -> str:
     """The op's own name attribute, else its first output's name."""
     if "name" in operation.attributes:
         strings = operation.attributes["name"].immediateValue.tensor.strings.values
@@ -319,13 +224,92 @@ def op_name(operation: Operation) -> str:
     return operation.outputs[0].name if operation.outputs else operation.type
 
 
-def function_graphs(
-    spec: Model_pb2.Model, model_directory: Path | None = None
-) -> dict[str, FunctionGraph]:
+def _constant(
+    op: Op, parameter: str, value: MIL_pb2.Value, model_directory: Path | None
+) -> Constant:
+    stored_at = None
+    if value.WhichOneof("value") == "blobFileValue":
+        blob = value.blobFileValue
+        stored_at = (blob.fileName, str(blob.offset))
+
+    def read() -> np.ndarray | None:
+        if stored_at is not None:
+            return None if model_directory is None else small_blob_array(model_directory, value)
+        return immediate_array(value)
+
+    return Constant(op, parameter, tensor_of(value.type), stored_at, read)
+
+
+def _add(graph: Graph, operation: MIL_pb2.Operation, model_directory: Path | None) -> None:
+    op = Op(type=operation.type, name=op_name(operation))
+    outputs = {named.name: tensor_of(named.type) for named in operation.outputs}
+    op.outputs = list(outputs)
+    constants = []
+    for parameter, argument in operation.inputs.items():
+        names = op.inputs.setdefault(parameter, [])
+        for binding in argument.arguments:
+            if binding.WhichOneof("binding") == "name":
+                names.append(binding.name)
+            elif binding.WhichOneof("binding") == "value":
+                constants.append(_constant(op, parameter, binding.value, model_directory))
+    for attribute, value in operation.attributes.items():
+        if attribute != "name":
+            constants.append(_constant(op, attribute, value, model_directory))
+    for nested in operation.blocks:
+        for named in nested.inputs:
+            graph.types[named.name] = tensor_of(named.type)
+    graph.add(op, outputs, constants)
+
+
+def function_graph(
+    name: str, function: MIL_pb2.Function, model_directory: Path | None = None
+) -> Graph:
+    """One MIL function as the neutral :class:`~decodebench.analysis.graph.Graph`."""
+    if function.opset in function.block_specializations:
+        blocks = [function.block_specializations[function.opset]]
+    else:
+        blocks = list(function.block_specializations.values())
+    graph = Graph(
+        name=name,
+        opset=function.opset,
+        inputs={named.name: tensor_of(named.type) for named in function.inputs},
+        outputs=[output for block in blocks for output in block.outputs],
+    )
+    graph.types.update(graph.inputs)
+    for block in blocks:
+        for named in block.inputs:
+            graph.types[named.name] = tensor_of(named.type)
+        for operation in _operations(block):
+            _add(graph, operation, model_directory)
+    return graph
+
+
+def function_graphs(spec: Model_pb2.Model, model_directory: Path | None = None) -> dict[str, Graph]:
     return {
-        name: FunctionGraph.from_proto(name, function, model_directory)
+        name: function_graph(name, function, model_directory)
         for name, function in sorted(spec.mlProgram.functions.items())
     }
+
+
+def _directory_bytes(directory: Path) -> int:
+    if not directory.is_dir():
+        return 0
+    return sum(item.stat().st_size for item in directory.rglob("*") if item.is_file())
+
+
+def read_program(path: Path | str) -> ProgramGraph:
+    """A saved ``.mlpackage`` as the analyses read it (weights stay on disk)."""
+    spec, model_directory = load_program(path)
+    decode = decode_function_name(spec)
+    if decode is None:
+        raise AnalysisError(f"{path} is an mlprogram without functions")
+    return ProgramGraph(
+        functions=function_graphs(spec, model_directory),
+        decode_function=decode,
+        metadata=dict(spec.description.metadata.userDefined),
+        weight_file_bytes=_directory_bytes(model_directory / "weights"),
+        known_ops=KNOWN_OPS,
+    )
 
 
 def decode_function_name(spec: Model_pb2.Model) -> str | None:

@@ -21,8 +21,9 @@ from coremltools.converters.mil.frontend.milproto.load import load as load_milpr
 from coremltools.converters.mil.mil import Program
 from coremltools.proto import Model_pb2
 
-from decodebench.analysis.analyze import AnalysisError, load_program
+from decodebench.analysis.graph import AnalysisError
 from decodebench.formats.coreml.functions import default_function
+from decodebench.formats.coreml.graph import load_program
 
 
 class MilError(ValueError):
