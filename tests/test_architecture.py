@@ -243,11 +243,7 @@ MAX_FUNCTION_LINES = 80
 OVER_THE_LIMIT = {
     "decodebench/formats/coreml/interpreter.py",
     "decodebench/formats/coreml/convert.py",
-    "decodebench/formats/coreml/plan.py:compile_plan",
-    "decodebench/formats/coreml/verify.py:compare_sessions",
-    "decodebench/formats/coreml/anatomy.py:places",
     "decodebench/doctor/repair.py",
-    "decodebench/doctor/waste.py:find_waste",
     "decodebench/client.py",
     "decodebench/contracts/domain.py",
     "decodebench/judging/adaptive.py",
