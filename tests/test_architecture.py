@@ -243,7 +243,6 @@ MAX_FUNCTION_LINES = 80
 OVER_THE_LIMIT = {
     "decodebench/formats/coreml/interpreter.py",
     "decodebench/formats/coreml/convert.py",
-    "decodebench/doctor/repair.py",
     "decodebench/client.py",
     "decodebench/contracts/domain.py",
     "decodebench/judging/adaptive.py",
