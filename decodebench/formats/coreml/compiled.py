@@ -249,3 +249,14 @@ def compile_function(plan: Plan, interpreter: Any, check: bool) -> Compiled:
     writer.names["non_finite"] = interpreter._compiled_non_finite
     writer.names["non_finite_wide"] = interpreter._compiled_non_finite_wide
     return writer.write()
+
+
+def failed_step(compiled: Compiled, error: BaseException) -> Step | None:
+    """The step of the generated function's line an exception was raised from."""
+    found = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is compiled.code:
+            found = compiled.lines.get(traceback.tb_lineno)
+        traceback = traceback.tb_next
+    return found
