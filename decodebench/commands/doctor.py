@@ -153,7 +153,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def render(report: Any, prompts: str = "") -> str:
     """The doctor's report as text: hazards, waste, repairs, agreement, analysis."""
     from decodebench.doctor.headroom import render as render_headroom
-    from decodebench.doctor.repair import render as render_repair
+    from decodebench.doctor.repair_text import render as render_repair
     from decodebench.doctor.waste import render as render_waste
 
     lines = [

@@ -64,7 +64,8 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
 def cmd_repair(args: argparse.Namespace) -> int:
     from decodebench.analysis.analyze import analyze_mlpackage
     from decodebench.doctor.headroom import render as render_headroom
-    from decodebench.doctor.repair import Cure, render
+    from decodebench.doctor.repair import Cure
+    from decodebench.doctor.repair_text import render
     from decodebench.doctor.waste import find_waste
     from decodebench.doctor.waste import render as render_waste
     from decodebench.formats.coreml.program import MilError, quiet_coremltools

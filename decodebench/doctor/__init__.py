@@ -3,8 +3,8 @@ overflow, prove the repaired package decodes the reference's tokens, and list th
 token a build wastes (docs/doctor.md).
 
 ``doctor`` runs the whole examination, ``headroom`` measures each op's fp16 margin, ``repair``
-applies and proves the rewrites, ``checkpoint`` reads the source checkpoint, ``waste`` lists
-the avoidable traffic. The format's own passes they call live in ``decodebench.formats.coreml``.
+applies the rewrites and keeps those ``proof`` shows to help (``repair_text`` words it),
+``checkpoint`` reads the source checkpoint, ``waste`` lists the avoidable traffic. The format's own passes they call live in ``decodebench.formats.coreml``.
 
 Nothing is imported here: the doctor needs coremltools and the CLI imports it lazily.
 """

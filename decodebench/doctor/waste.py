@@ -65,7 +65,7 @@ def find_waste(
     graphs: dict[str, Graph] | None = None,
     format_name: str = "coreml",
 ) -> list[Waste]:
-    """The avoidable bytes of the package at ``path``, read from its protobuf (weights stay on
+    """The avoidable bytes of the package at ``path``, read from its graph (weights stay on
     disk). Pass the ``analysis`` and the ``graphs`` :func:`analyze_graphs` returned to read the
     program once."""
     if analysis is None:
@@ -103,18 +103,7 @@ def find_waste(
         "fold each into the op reading it (in the model source)",
     )
     outputs = graph.outputs
-    # A cache input returned whole (an output of its shape, paired in order) is written whole
-    # every step; a state would be written one position. The read stays: attention needs it.
-    inputs_passed_out: list[str] = []
-    crossing = 0
-    taken: set[str] = set()
-    for state in analysis.states if analysis.kv_source == "inputs" else []:
-        shape = graph.shape_of(state.name)
-        out = next((o for o in outputs if o not in taken and graph.shape_of(o) == shape), None)
-        if shape is not None and out is not None:
-            taken.add(out)
-            inputs_passed_out.append(state.name)
-            crossing += graph.bytes_of(out) - state.bytes_per_position
+    inputs_passed_out, crossing = _caches_passed_out(analysis, graph)
     add(
         "KV cache as I/O",
         f"{_count(inputs_passed_out, 'cache input')} passed out again whole, updated, every step",
@@ -122,15 +111,7 @@ def find_waste(
         "make the caches Core ML states (convert with states=..., iOS 18) and keep an MLState "
         "in the decode loop: only the new K/V slice is written",
     )
-    widened = [
-        operation.outputs[0]
-        for operation in graph.operations
-        if operation.type == "cast"
-        and (source := graph.argument_name(operation, "x")) is not None
-        and _is_computed(graph, source)
-        and graph.tensor(source).dtype == "float16"
-        and graph.tensor(operation.outputs[0]).dtype == "float32"
-    ]
+    widened = _widened(graph)
     add(
         "fp32 islands",
         f"{_count(widened, 'fp16 value')} widened to fp32 and computed on",
@@ -139,29 +120,14 @@ def find_waste(
         "compute in fp16 where the headroom allows (norms: the overflow-safe rewrite)",
     )
     context = max((state.positions for state in analysis.states), default=0)
-    masks = [
-        name
-        for name, tensor in graph.inputs.items()
-        if context
-        and name not in caches
-        and not tensor.state
-        and tensor.dtype in FLOATS
-        and len(shape := graph.shape_of(name) or []) >= 2
-        and shape[-1] == context
-    ]
+    masks = _context_masks(graph, caches, context)
     add(
         "full-context masks",
         f"{_count(masks, 'mask input')} of {context} positions every step",
         sum(graph.bytes_of(name) for name in masks),
         "build the mask in the graph from the position input",
     )
-    heads = [
-        name
-        for operation in graph.operations
-        if operation.type == "linear"
-        and any(out in outputs for out in operation.outputs)
-        and (name := graph.argument_name(operation, "weight")) is not None
-    ]
+    heads = _output_linear_weights(graph, outputs)
     head_bytes = sum(graph.bytes_of(name) for name in heads)
     weights = max(analysis.bytes_per_token.weights, 1)
     if head_bytes / weights > LM_HEAD_SHARE:
@@ -173,6 +139,65 @@ def find_waste(
             f"palettize the lm_head to {PALETTE_BITS} bits",
         )
     return found
+
+
+def _caches_passed_out(analysis: GraphAnalysis, graph: Graph) -> tuple[list[str], int]:
+    """The cache inputs returned whole, and the bytes they cross beyond one position each.
+
+    A cache input returned whole (an output of its shape, paired in order) is written whole
+    every step; a state would be written one position. The read stays: attention needs it.
+    """
+    inputs_passed_out: list[str] = []
+    crossing = 0
+    taken: set[str] = set()
+    for state in analysis.states if analysis.kv_source == "inputs" else []:
+        shape = graph.shape_of(state.name)
+        out = next(
+            (o for o in graph.outputs if o not in taken and graph.shape_of(o) == shape), None
+        )
+        if shape is not None and out is not None:
+            taken.add(out)
+            inputs_passed_out.append(state.name)
+            crossing += graph.bytes_of(out) - state.bytes_per_position
+    return inputs_passed_out, crossing
+
+
+def _widened(graph: Graph) -> list[str]:
+    """The fp32 values cast from computed fp16 ones."""
+    return [
+        operation.outputs[0]
+        for operation in graph.operations
+        if operation.type == "cast"
+        and (source := graph.argument_name(operation, "x")) is not None
+        and _is_computed(graph, source)
+        and graph.tensor(source).dtype == "float16"
+        and graph.tensor(operation.outputs[0]).dtype == "float32"
+    ]
+
+
+def _context_masks(graph: Graph, caches: set[str], context: int) -> list[str]:
+    """The float inputs, not caches, whose last axis spans the whole context."""
+    return [
+        name
+        for name, tensor in graph.inputs.items()
+        if context
+        and name not in caches
+        and not tensor.state
+        and tensor.dtype in FLOATS
+        and len(shape := graph.shape_of(name) or []) >= 2
+        and shape[-1] == context
+    ]
+
+
+def _output_linear_weights(graph: Graph, outputs: list[str]) -> list[str]:
+    """The weights of the ``linear`` ops making an output (the lm_head)."""
+    return [
+        name
+        for operation in graph.operations
+        if operation.type == "linear"
+        and any(out in outputs for out in operation.outputs)
+        and (name := graph.argument_name(operation, "weight")) is not None
+    ]
 
 
 def _size(count: int) -> str:

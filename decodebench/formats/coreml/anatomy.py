@@ -111,15 +111,10 @@ def _is_projection(op: Any) -> bool:
     return op.op_type == "matmul" and not _is_computed(op.inputs["y"])
 
 
-def places(function: Any) -> dict[int, Place]:
-    """id(op) -> where it sits, for every op of ``function`` (a pymil Function)."""
-    operations = list(function.operations)
-    order = {id(op): index for index, op in enumerate(operations)}
-    norms = find_norms(function)
-    scores, attention_roles = _score_products(function)
-    score_ids = {id(op) for op in scores}
-    score_order = [order[id(op)] for op in scores]
-
+def _norm_roles(
+    norms: list[Norm], order: dict[int, int], score_order: list[int], score_ids: set[int]
+) -> tuple[list[Norm], dict[int, str]]:
+    """The input norms (one per layer, in order), and id(norm) -> its role."""
     input_norms: list[Norm] = []
     norm_role: dict[int, str] = {}
     for position, norm in enumerate(norms):
@@ -135,6 +130,39 @@ def places(function: Any) -> dict[int, Place]:
             norm_role[id(norm)] = "post-attention norm"
         else:
             norm_role[id(norm)] = "final norm" if score_order else "norm"
+    return input_norms, norm_role
+
+
+def _projection_role(op: Any, where: str, after_post_norm: bool, after_scores: bool) -> str:
+    """A projection's role from where it sits: the head's, the MLP's (down if it reads a
+    product of two computed tensors) or attention's (output, after the layer's scores)."""
+    reads = op.inputs["x"]
+    product = (
+        reads.op is not None
+        and reads.op.op_type == "mul"
+        and all(_is_computed(reads.op.inputs[name]) for name in ("x", "y"))
+    )
+    if where == "head":
+        return "lm_head"
+    if after_post_norm and product:
+        return "MLP down-projection"
+    if after_post_norm:
+        return "MLP up/gate projection"
+    if after_scores:
+        return "attention output projection"
+    return "attention projection"
+
+
+def places(function: Any) -> dict[int, Place]:
+    """id(op) -> where it sits, for every op of ``function`` (a pymil Function)."""
+    operations = list(function.operations)
+    order = {id(op): index for index, op in enumerate(operations)}
+    norms = find_norms(function)
+    scores, attention_roles = _score_products(function)
+    score_ids = {id(op) for op in scores}
+    score_order = [order[id(op)] for op in scores]
+
+    input_norms, norm_role = _norm_roles(norms, order, score_order, score_ids)
     starts = [order[id(norm.ops()[0])] for norm in input_norms]
     last_score = max(score_order) if score_order else -1
     head_start = min(
@@ -169,22 +197,8 @@ def places(function: Any) -> dict[int, Place]:
             if any(id(var) in outputs for var in op.outputs) and where == "head":
                 role = "logits"
             elif _is_projection(op):
-                reads = op.inputs["x"]
-                product = (
-                    reads.op is not None
-                    and reads.op.op_type == "mul"
-                    and all(_is_computed(reads.op.inputs[name]) for name in ("x", "y"))
-                )
-                if where == "head":
-                    role = "lm_head"
-                elif post_norm_seen.get(layer) and product:
-                    role = "MLP down-projection"
-                elif post_norm_seen.get(layer):
-                    role = "MLP up/gate projection"
-                elif any(s < index and section(s)[0] == layer for s in score_order):
-                    role = "attention output projection"
-                else:
-                    role = "attention projection"
+                after_scores = any(s < index and section(s)[0] == layer for s in score_order)
+                role = _projection_role(op, where, bool(post_norm_seen.get(layer)), after_scores)
             elif (
                 op.op_type == "add"
                 and hidden_shape is not None

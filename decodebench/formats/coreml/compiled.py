@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from decodebench.formats.coreml import shadows
-from decodebench.formats.coreml.ops_math import REDUCTIONS, softmax
-from decodebench.formats.coreml.ops_tensor import slices
+from decodebench.formats.coreml.compiled_calls import CallWriter
+from decodebench.formats.coreml.compiled_slots import operand_slots
 from decodebench.formats.coreml.plan import (
     FP16,
     FP32,
@@ -56,25 +56,9 @@ from decodebench.formats.coreml.plan import (
     Plan,
     Step,
     all_finite,
-    widen,
 )
-from decodebench.formats.coreml.registry import KERNELS, OpArgs, normalize_axis
 
 STORAGE_KINDS = frozenset({READ_STATE_SHARED, SLICE_UPDATE_IN_PLACE, UPDATE_STATE, WRITE_STATE})
-# The ufunc reductions np.max, np.min, np.sum and np.mean apply (np.mean: a sum, then divided
-# by the count, see mean_of).
-DIRECT_REDUCTIONS: dict[str, Callable[..., Any]] = {
-    "reduce_max": np.maximum.reduce,
-    "reduce_min": np.minimum.reduce,
-    "reduce_sum": np.add.reduce,
-    "reduce_mean": np.add.reduce,
-}
-
-
-def mean_of(total: np.ndarray, count: np.intp) -> np.ndarray:
-    """What ``np.mean`` makes of a float array's sum (an ndarray): the sum divided in place by
-    the count as a NumPy integer (the same call, same casting, as ``numpy._core._methods``)."""
-    return np.true_divide(total, count, out=total, casting="unsafe", subok=False)
 
 
 @dataclass
@@ -87,16 +71,6 @@ class Compiled:
     lines: dict[int, Step | None]  # line of the source -> the step it belongs to
     source: str = field(repr=False)
     code: Any = None  # the generated function's code object (to find its frame)
-
-
-def wide_shadow(value: Any) -> Any:
-    """What a kernel is given for an fp16 value that may be a state's storage."""
-    if value.__class__ is np.ndarray and value.dtype == FP16:
-        wide = shadows.shadow(value)
-        return value.astype(np.float32) if wide is None else wide
-    if value.__class__ is np.float16:
-        return np.float32(value)
-    return value
 
 
 def storage_finite(value: Any) -> bool:
@@ -112,111 +86,8 @@ def storage_finite(value: Any) -> bool:
     return all_finite(value)
 
 
-class _Writer:
-    def __init__(self, plan: Plan, interpreter: Any, check: bool) -> None:
-        self.plan = plan
-        self.interpreter = interpreter
-        self.check = check
-        self.lines: list[str] = []
-        self.bound: dict[tuple[str, int], str] = {}
-        self.elementwise_constants: dict[int, str] = {}
-        self.step: Step | None = None
-        self.exact = False  # the last kernel call surely makes an ndarray of the declared shape
-        self.owner: dict[int, Step | None] = {}
-        self.names: dict[str, Any] = {
-            "nd": np.ndarray,
-            "asarray": np.asarray,
-            "f32": np.float32,
-            "vdot": np.vdot,
-            "isfinite": math.isfinite,
-            "wide_shadow": wide_shadow,
-            "OpArgs": OpArgs,
-            "widen": widen,
-        }
-        self.dtype: dict[int, np.dtype | None] = {}  # computed/input slot -> its dtype
-        self.shape: dict[int, tuple[int, ...] | None] = {}
-        self.storage: set[int] = set()  # slots that may hold a state's storage
-        self.widened: set[int] = set()  # slots whose w<slot> exists now
-        self.wide_readers: dict[int, int] = {}  # slot -> computing steps reading it widened
-        self.constants = {
-            slot for slot, value in enumerate(plan.template) if value is not None
-        } - set(plan.inputs.values())
-        for name, slot in plan.inputs.items():
-            spec = interpreter.inputs.get(name)
-            self.dtype[slot] = None if spec is None else spec.dtype
-            self.shape[slot] = None if spec is None or not spec.shape else spec.shape
-        for step in plan.steps:
-            for slot, dtype, shape in zip(step.outputs, step.dtypes, step.shapes, strict=True):
-                self.dtype[slot], self.shape[slot] = dtype, shape
-            if step.kind == KERNEL and (step.wide or step.function is not None):
-                for slot in _operand_slots(step):
-                    self.wide_readers[slot] = self.wide_readers.get(slot, 0) + 1
-
-    # --- names ---------------------------------------------------------------------------
-
-    def bind(self, prefix: str, value: Any) -> str:
-        """A global name of the generated function holding ``value`` (one per object)."""
-        key = (prefix, id(value))
-        name = self.bound.get(key)
-        if name is None:
-            name = self.bound[key] = f"{prefix}_{len(self.bound)}"  # no fixed name has "_"
-            self.names[name] = value
-        return name
-
-    def raw(self, slot: int) -> str:
-        if slot in self.constants:
-            return self.bind("c", self.plan.template[slot])
-        return f"v{slot}"
-
-    def wide(self, slot: int, elementwise: bool) -> str:
-        """The expression of a slot as a computing op is given it (fp16 widened to fp32)."""
-        if slot in self.constants:
-            value = self.plan.template[slot]
-            if isinstance(value, np.ndarray) and value.dtype == FP16:  # past the widening budget
-                return f"{self.bind('c', value)}.astype(f32)"
-            if not elementwise:
-                return self.bind("c", value)
-            if slot not in self.elementwise_constants:
-                self.elementwise_constants[slot] = self.bind("c", np.asarray(widen(value)))
-            return self.elementwise_constants[slot]
-        if self.dtype.get(slot) != FP16:
-            return f"v{slot}" if self.dtype.get(slot) is not None else f"wide_shadow(v{slot})"
-        if slot in self.storage:
-            return f"wide_shadow(v{slot})"
-        if slot not in self.widened:
-            self.emit(f"w{slot} = v{slot}.astype(f32)")
-            self.widened.add(slot)
-        return f"w{slot}"
-
-    def static_shape(self, slot: int) -> tuple[int, ...] | None:
-        if slot in self.constants:
-            return tuple(np.shape(self.plan.template[slot]))
-        return self.shape.get(slot)
-
-    def broadcasts_to(self, slots: tuple[int, ...] | list[int], declared: Any) -> bool:
-        """Whether NumPy operations broadcasting ``slots`` (widened) surely make an ndarray of
-        the ``declared`` shape: then its class and shape need no check at run time."""
-        if not declared:  # unknown, or 0-d: a NumPy scalar may come back
-            return False
-        shapes = [self.static_shape(slot) for slot in slots]
-        known = [shape for shape in shapes if shape is not None]
-        if len(known) != len(shapes):
-            return False
-        try:
-            return tuple(np.broadcast_shapes(*known)) == tuple(declared)
-        except ValueError:
-            return False
-
-    def static_value(self, slot: int, wide: bool) -> Any:
-        """A constant parameter's value as the kernel would see it."""
-        value = self.plan.template[slot]
-        return widen(value) if wide else value
-
-    def emit(self, line: str) -> None:
-        self.lines.append("    " + line)
-        self.owner[len(self.lines) + 1] = self.step  # +1: the def line comes first
-
-    # --- steps ---------------------------------------------------------------------------
+class _Writer(CallWriter):
+    """Writes each step of the plan: its call, its results and their checks."""
 
     def write(self) -> Compiled:
         inputs = list(self.plan.inputs)
@@ -242,7 +113,7 @@ class _Writer:
         if kind in STORAGE_KINDS:
             self.storage.update(step.outputs)
         elif kind == KERNEL and not step.wide and step.function is None:
-            if any(slot in self.storage for slot in _operand_slots(step)):
+            if any(slot in self.storage for slot in operand_slots(step)):
                 self.storage.update(step.outputs)  # a move may hand on the storage itself
         if kind == KERNEL:
             call, single = self.kernel_call(step)
@@ -286,51 +157,6 @@ class _Writer:
                     self.emit(f"del w{slot}")
                     self.widened.discard(slot)
 
-    def slice_indexer(self, step: Step) -> Callable[[Any, Any], tuple[Any, ...]] | None:
-        """For a slice update whose bounds alone are computed: the index ``slices`` would
-        make of them, its constant parameters (stride, masks) parsed once."""
-        params = dict(step.params)
-        target = params.get("x")
-        shape = None if target is None else self.shape.get(target)
-        if shape is None or target in self.constants or "begin" not in params:
-            return None
-        if "end" not in params or {params["begin"], params["end"]} & self.constants:
-            return None
-        args = self.constant_args(step, ("x", "update", "begin", "end"))
-        if args is None:
-            return None
-        rank = len(shape)
-        stride = args.ints("stride", [1] * rank) or []
-        begin_mask = [bool(b) for b in args.get("begin_mask", [False] * rank)]
-        end_mask = [bool(b) for b in args.get("end_mask", [False] * rank)]
-        squeeze_mask = [bool(b) for b in args.get("squeeze_mask", [False] * rank)]
-
-        def index(begin: Any, end: Any) -> tuple[Any, ...]:
-            starts = [int(item) for item in np.asarray(begin).ravel().tolist()]
-            stops = [int(item) for item in np.asarray(end).ravel().tolist()]
-            return tuple(
-                starts[axis]
-                if squeeze_mask[axis]
-                else slice(
-                    None if begin_mask[axis] else starts[axis],
-                    None if end_mask[axis] else stops[axis],
-                    stride[axis],
-                )
-                for axis in range(rank)
-            )
-
-        return index
-
-    def plain(self, slot: int) -> str:
-        """An operand of the in-place slice update: widened without a shadow look-up."""
-        if slot in self.constants:
-            return self.bind("c", widen(self.plan.template[slot]))
-        return f"widen(v{slot})" if self.dtype.get(slot) in (FP16, None) else f"v{slot}"
-
-    def wide_list(self, slots: tuple[int, ...]) -> str:
-        self.names["widen"] = widen
-        return "[" + ", ".join(self.plain(slot) for slot in slots) + "]"
-
     def kernel_call(self, step: Step) -> tuple[str, bool]:
         """The expression computing a kernel step's result(s), and whether it is one array."""
         self.exact = False
@@ -355,144 +181,6 @@ class _Writer:
         kernel = self.bind("k", step.kernel)
         op, shapes = self.bind("o", step.op), self.bind("h", step.shapes)
         return f"{kernel}(OpArgs({op}, {{{', '.join(entries)}}}, {shapes}))", False
-
-    def constant_args(self, step: Step, skip: tuple[str, ...]) -> OpArgs | None:
-        """The op's parameters other than ``skip`` as the kernel sees them, if all constant."""
-        values: dict[str, Any] = {}
-        for name, slot in step.params:
-            if name in skip:
-                continue
-            if slot.__class__ is tuple or slot not in self.constants:
-                return None
-            values[name] = self.static_value(slot, step.wide)
-        return OpArgs(step.op, values, step.shapes)
-
-    def special(self, step: Step) -> str | None:
-        """Kernels whose constant parameters are parsed here once: the call they would make."""
-        op_type, params = step.op.op_type, dict(step.params)
-        if KERNELS.get(op_type) is not step.kernel:
-            return None
-        if op_type == "concat" and not step.wide:
-            return self.concat(step, params)
-        x = params.get("x")
-        if x is None or x.__class__ is tuple:
-            return None
-        shape = self.shape.get(x) if x not in self.constants else None
-        if op_type == "linear":
-            weight, bias = params.get("weight"), params.get("bias")
-            if weight not in self.constants or (bias is not None and bias not in self.constants):
-                return None
-            value = self.static_value(weight, True)
-            if not isinstance(value, np.ndarray) or value.dtype != FP32:
-                return None
-            transposed = self.bind("t", np.swapaxes(value, -1, -2))
-            self.names["matmul"] = np.matmul
-            call = f"matmul({self.wide(x, False)}, {transposed})"
-            added = None if bias is None else self.static_value(bias, True)
-            x_shape = self.static_shape(x)
-            if x_shape and len(x_shape) >= 2 and x_shape[-1] == value.shape[-1]:
-                product = (*x_shape[:-1], value.shape[0])
-                shapes = [product] if added is None else [product, np.shape(added)]
-                try:
-                    self.exact = tuple(np.broadcast_shapes(*shapes)) == step.shapes[0]
-                except ValueError:
-                    self.exact = False
-            return call if added is None else f"{call} + {self.bind('b', added)}"
-        if op_type == "matmul":
-            y = params.get("y")
-            if y is None or y.__class__ is tuple or x in self.constants:
-                return None
-            args = self.constant_args(step, ("x", "y"))
-            y_shape = self.shape.get(y) if y not in self.constants else None
-            if args is None or shape is None:
-                return None
-            y_rank = np.ndim(self.plan.template[y]) if y in self.constants else None
-            y_rank = len(y_shape) if y_shape is not None else y_rank
-            if y_rank is None:
-                return None
-            self.names.update(matmul=np.matmul, swapaxes=np.swapaxes)
-            left, right = f"asarray({self.wide(x, False)})", f"asarray({self.wide(y, False)})"
-            if args.scalar("transpose_x", False) and len(shape) >= 2:
-                left = f"swapaxes({left}, -1, -2)"
-            if args.scalar("transpose_y", False) and y_rank >= 2:
-                right = f"swapaxes({right}, -1, -2)"
-            return f"matmul({left}, {right})"
-        if x in self.constants:
-            return None
-        args = self.constant_args(step, ("x",))
-        if args is None:
-            return None
-        if op_type in ("rsqrt", "inverse", "log"):
-            default = {"rsqrt": 1e-12, "inverse": 1e-4, "log": 1e-45}[op_type]
-            epsilon = self.bind("e", args.scalar("epsilon", default))
-            operand = self.wide(x, False)
-            self.exact = self.broadcasts_to([x], step.shapes[0])
-            self.names.update(sqrt=np.sqrt, log=np.log)
-            if op_type == "rsqrt":
-                return f"1.0 / sqrt({operand} + {epsilon})"
-            if op_type == "inverse":
-                return f"1.0 / ({operand} + {epsilon})"
-            return f"log({operand} + {epsilon})"
-        if op_type in REDUCTIONS and KERNELS[op_type] is REDUCTIONS[op_type][0]:
-            if shape is None:
-                return None
-            axes = args.ints("axes")
-            axis = None if axes is None else tuple(normalize_axis(a, len(shape)) for a in axes)
-            function = self.bind("f", REDUCTIONS[op_type][1])
-            keep = bool(args.scalar("keep_dims", False))
-            operand = self.wide(x, False)
-            direct = DIRECT_REDUCTIONS.get(op_type)
-            if direct is not None and keep and self.dtype.get(x) in (FP16, FP32):
-                # the ufunc reduction np.max / np.sum / np.mean make, without their Python
-                # wrappers (a float input, dims kept: the result is an ndarray)
-                reduced = tuple(range(len(shape))) if axis is None else axis
-                expected = tuple(
-                    1 if index in reduced else size for index, size in enumerate(shape)
-                )
-                self.exact = expected == step.shapes[0]
-                reduce = self.bind("f", direct)
-                call = f"{reduce}({operand}, {axis!r}, None, None, True)"
-                if op_type != "reduce_mean":
-                    return call
-                count = math.prod([shape[index] for index in reduced])
-                self.names["mean_of"] = mean_of
-                return f"mean_of({call}, {self.bind('n', np.intp(count))})"
-            return f"{function}(asarray({operand}), axis={axis!r}, keepdims={keep})"
-        if op_type == "softmax":
-            self.names["softmax"] = softmax
-            along = self.bind("a", args.scalar("axis", -1))
-            self.exact = self.broadcasts_to([x], step.shapes[0])
-            return f"softmax(asarray({self.wide(x, False)}), {along})"
-        if step.wide:
-            return None
-        # moves: their operands as they are
-        if op_type == "reshape" and step.shapes[0] is not None:
-            return f"asarray(v{x}).reshape({step.shapes[0]!r})"
-        if op_type == "transpose":
-            self.names["transpose"] = np.transpose
-            return f"transpose(v{x}, {self.bind('p', args.int_list('perm'))})"
-        if op_type == "slice_by_index" and shape is not None:
-            return f"asarray(v{x})[{self.bind('i', slices(args, shape))}]"
-        return None
-
-    def concat(self, step: Step, params: dict[str, Any]) -> str | None:
-        """``concat`` without interleaving, its axis normalised once."""
-        values = params.get("values")
-        if values.__class__ is not tuple or not values:
-            return None
-        first = values[0]
-        if first in self.constants:
-            rank: int | None = np.ndim(np.asarray(self.plan.template[first]))
-        else:
-            shape = self.shape.get(first)
-            rank = None if shape is None else len(shape)
-        args = self.constant_args(step, ("values",))
-        if rank is None or args is None or args.scalar("interleave", False):
-            return None
-        axis = int(normalize_axis(args.scalar("axis"), rank))
-        self.names["concatenate"] = np.concatenate
-        operands = ", ".join(f"asarray({self.raw(slot)})" for slot in values)
-        return f"concatenate([{operands}], axis={axis!r})"
 
     def results(self, step: Step, call: str, single: bool) -> None:
         """Assign a step's result(s), as the plan's loop does: to ndarrays of the declared
@@ -554,13 +242,6 @@ class _Writer:
             self.emit(f"if not {check}(v{slot}): {failed}")
 
 
-def _operand_slots(step: Step) -> list[int]:
-    found: list[int] = []
-    for _, slot in step.params:
-        found.extend(slot if slot.__class__ is tuple else (slot,))
-    return found
-
-
 def compile_function(plan: Plan, interpreter: Any, check: bool) -> Compiled:
     """The plan's steps as one function ``step(states, *inputs) -> outputs``."""
     writer = _Writer(plan, interpreter, check)
@@ -568,3 +249,14 @@ def compile_function(plan: Plan, interpreter: Any, check: bool) -> Compiled:
     writer.names["non_finite"] = interpreter._compiled_non_finite
     writer.names["non_finite_wide"] = interpreter._compiled_non_finite_wide
     return writer.write()
+
+
+def failed_step(compiled: Compiled, error: BaseException) -> Step | None:
+    """The step of the generated function's line an exception was raised from."""
+    found = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is compiled.code:
+            found = compiled.lines.get(traceback.tb_lineno)
+        traceback = traceback.tb_next
+    return found

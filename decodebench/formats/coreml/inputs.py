@@ -172,48 +172,15 @@ def recognise(
     mapped = {name for name in (mapping.token, mapping.position, mapping.mask) if name}
     mapped |= set(caches)
 
-    if mapping.token:
-        token = _named(interpreter, mapping.token, "token", program)
-    elif flowing := _by_dataflow("token", evidence, mapped, program):
-        token = interpreter.inputs[flowing]
-    else:
-        ints = [spec for spec in specs if _is_int(spec) and _size(spec) == 1]
-        picked = _pick("token", ints, TOKEN_NAME, program)
-        if picked is None:
-            raise MilError(f"{program}: no input looks like a token id (one integer element)")
-        token = picked
+    token = _token(interpreter, mapping, program, evidence, mapped, specs)
     rest = [spec for spec in specs if spec.name != token.name]
     taken = mapped | {token.name}
-
-    if mapping.position:
-        position: TensorSpec | None = _named(interpreter, mapping.position, "position", program)
-    elif flowing := _by_dataflow("position", evidence, taken, program):
-        position = interpreter.inputs[flowing]
-    else:
-        ints = [spec for spec in rest if _is_int(spec) and _size(spec) == 1]
-        position = _pick("position", ints, POSITION_NAME, program)
+    position = _position(interpreter, mapping, program, evidence, taken, rest)
     rest = [spec for spec in rest if position is None or spec.name != position.name]
     taken |= {position.name} if position else set()
-
-    if mapping.mask:
-        mask: TensorSpec | None = _named(interpreter, mapping.mask, "mask", program)
-    elif flowing := _by_dataflow("mask", evidence, taken, program):
-        mask = interpreter.inputs[flowing]
-    else:
-        masks = [spec for spec in rest if spec.shape and spec.shape[-1] == context]
-        mask = _pick("causal mask", masks, MASK_NAME, program)
+    mask = _mask(interpreter, mapping, program, evidence, taken, rest, context)
     rest = [spec for spec in rest if mask is None or spec.name != mask.name]
-    if rest:
-        unknown = ", ".join(f"{spec.name} {list(spec.shape)} {spec.dtype}" for spec in rest)
-        raise MilError(
-            f"{program}: cannot tell what input(s) {unknown} are; "
-            "map them in an --inputs file (token, position, mask)"
-        )
-    if mask is not None and mask.shape[-1] != context:
-        raise MilError(
-            f"{program}: mask {mask.name!r} has {mask.shape[-1]} keys but the KV cache holds "
-            f"{context} positions"
-        )
+    _check_the_rest(program, rest, mask, context)
     mask_kind = mapping.mask_kind or (
         "binary" if mask is not None and mask.dtype.kind in "biu" else "additive"
     )
@@ -228,6 +195,79 @@ def recognise(
         states=sorted(interpreter.states),
         caches=caches,
     )
+
+
+def _token(
+    interpreter: Interpreter,
+    mapping: InputMapping,
+    program: str,
+    evidence: dict[str, Evidence],
+    mapped: set[str],
+    specs: list[TensorSpec],
+) -> TensorSpec:
+    """The token input: as mapped, else as the dataflow shows, else by its name."""
+    if mapping.token:
+        return _named(interpreter, mapping.token, "token", program)
+    if flowing := _by_dataflow("token", evidence, mapped, program):
+        return interpreter.inputs[flowing]
+    ints = [spec for spec in specs if _is_int(spec) and _size(spec) == 1]
+    picked = _pick("token", ints, TOKEN_NAME, program)
+    if picked is None:
+        raise MilError(f"{program}: no input looks like a token id (one integer element)")
+    return picked
+
+
+def _position(
+    interpreter: Interpreter,
+    mapping: InputMapping,
+    program: str,
+    evidence: dict[str, Evidence],
+    taken: set[str],
+    rest: list[TensorSpec],
+) -> TensorSpec | None:
+    """The position input, if any: as mapped, else as the dataflow shows, else by its name."""
+    if mapping.position:
+        return _named(interpreter, mapping.position, "position", program)
+    if flowing := _by_dataflow("position", evidence, taken, program):
+        return interpreter.inputs[flowing]
+    ints = [spec for spec in rest if _is_int(spec) and _size(spec) == 1]
+    return _pick("position", ints, POSITION_NAME, program)
+
+
+def _mask(
+    interpreter: Interpreter,
+    mapping: InputMapping,
+    program: str,
+    evidence: dict[str, Evidence],
+    taken: set[str],
+    rest: list[TensorSpec],
+    context: int,
+) -> TensorSpec | None:
+    """The causal mask input, if any: as mapped, else as the dataflow shows, else by its
+    name among the inputs as long as the context."""
+    if mapping.mask:
+        return _named(interpreter, mapping.mask, "mask", program)
+    if flowing := _by_dataflow("mask", evidence, taken, program):
+        return interpreter.inputs[flowing]
+    masks = [spec for spec in rest if spec.shape and spec.shape[-1] == context]
+    return _pick("causal mask", masks, MASK_NAME, program)
+
+
+def _check_the_rest(
+    program: str, rest: list[TensorSpec], mask: TensorSpec | None, context: int
+) -> None:
+    """No input left without a role, and the mask as long as the KV cache."""
+    if rest:
+        unknown = ", ".join(f"{spec.name} {list(spec.shape)} {spec.dtype}" for spec in rest)
+        raise MilError(
+            f"{program}: cannot tell what input(s) {unknown} are; "
+            "map them in an --inputs file (token, position, mask)"
+        )
+    if mask is not None and mask.shape[-1] != context:
+        raise MilError(
+            f"{program}: mask {mask.name!r} has {mask.shape[-1]} keys but the KV cache holds "
+            f"{context} positions"
+        )
 
 
 def _context_from_states(interpreter: Interpreter) -> int:

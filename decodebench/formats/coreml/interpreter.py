@@ -16,7 +16,6 @@ or an infinity from finite inputs (an fp16 overflow), raises :class:`NonFiniteEr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,19 @@ from numpy.typing import ArrayLike
 
 from decodebench.formats.coreml import shadows
 from decodebench.formats.coreml.blas import blas_threads
-from decodebench.formats.coreml.compiled import Compiled, compile_function
+from decodebench.formats.coreml.compiled import Compiled, compile_function, failed_step
+from decodebench.formats.coreml.interpreter_types import (
+    InterpreterError,
+    TensorSpec,
+    UnsupportedOpError,
+    made_non_finite,
+    numpy_dtype,
+    op_location,
+)
+from decodebench.formats.coreml.interpreter_types import (
+    NonFiniteError as NonFiniteError,  # callers import it from here
+)
+from decodebench.formats.coreml.interpreter_walk import OpWalk
 from decodebench.formats.coreml.ops import KERNELS, OpArgs
 from decodebench.formats.coreml.ops_tensor import slices
 from decodebench.formats.coreml.plan import (
@@ -37,7 +48,6 @@ from decodebench.formats.coreml.plan import (
     READ_STATE_SHARED,
     SLICE_UPDATE_IN_PLACE,
     UPDATE_STATE,
-    WIDE_CONSTANT_BUDGET,
     Plan,
     SlotEnv,
     Step,
@@ -51,53 +61,9 @@ from decodebench.formats.coreml.plan import static_shape as _static_shape
 from decodebench.formats.coreml.program import MilError
 
 STATE_OPS = frozenset({"read_state", "coreml_update_state", "write_state"})
-_SUB_BYTE = {"int4": np.int8, "uint1": np.uint8, "uint2": np.uint8, "uint3": np.uint8}
-_SUB_BYTE |= {"uint4": np.uint8, "uint6": np.uint8}
 
 
-class UnsupportedOpError(MilError):
-    """The program holds an op the interpreter has no kernel for."""
-
-
-class InterpreterError(MilError):
-    """An op failed, or produced something other than what the program declares."""
-
-
-class NonFiniteError(InterpreterError):
-    """An op produced NaN, or an infinity none of its inputs held (an fp16 overflow)."""
-
-    def __init__(
-        self, message: str, op_name: str, op_type: str, function: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.op_name = op_name
-        self.op_type = op_type
-        self.function = function  # the program's function that produced it, when known
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-
-def numpy_dtype(builtin: Any) -> np.dtype:
-    """The NumPy dtype holding a MIL builtin type (sub-byte integers widen to a byte)."""
-    name = types.builtin_to_string(builtin)
-    if name in _SUB_BYTE:
-        return np.dtype(_SUB_BYTE[name])
-    return np.dtype(types.nptype_from_builtin(builtin))
-
-
-def op_location(op: Any, index: int, function: str) -> str:
-    outputs = ", ".join(var.name for var in op.outputs)
-    location = f"op #{index} '{op.name}' ({op.op_type} -> {outputs}) in function '{function}'"
-    scopes = [str(item) for values in getattr(op, "scopes", {}).values() for item in values]
-    return f"{location}, scope {' / '.join(scopes)}" if scopes else location
-
-
-class Interpreter:
+class Interpreter(OpWalk):
     """Runs one function of a program; construct once, call :meth:`run` for every step."""
 
     # OpenBLAS threads during a step (decodebench.formats.coreml.blas); None leaves the process's setting.
@@ -232,7 +198,7 @@ class Interpreter:
         except MilError:
             raise
         except Exception as error:  # a kernel failed: say which op, keep the cause
-            step = _failed_step(compiled, error)
+            step = failed_step(compiled, error)
             if step is None:
                 raise
             location = op_location(step.op, step.index, self.function_name)
@@ -409,19 +375,9 @@ class Interpreter:
         nan: bool | None = None,
     ) -> None:
         """Raise NonFiniteError unless the infinity was passed on (a -inf mask), not made."""
-        nan = bool(np.isnan(array).any()) if nan is None else nan
-        if not nan and any(_has_infinity(value) for value in reads):
-            return
-        what = "NaN" if nan else "an infinity (fp16 overflow?)"
-        count = int((~np.isfinite(array)).sum())
-        var = step.op.outputs[step.outputs.index(slot)]
-        raise NonFiniteError(
-            f"{op_location(step.op, step.index, self.function_name)} produced {what}: "
-            f"{count} of {array.size} values of {var.name!r} are not finite",
-            step.op.name,
-            step.op.op_type,
-            self.function_name,
-        )
+        error = made_non_finite(step, slot, array, reads, self.function_name, nan)
+        if error is not None:
+            raise error
 
     def _checked_input(self, name: str, inputs: Mapping[str, ArrayLike]) -> np.ndarray:
         spec = self.inputs[name]
@@ -435,87 +391,9 @@ class Interpreter:
             )
         return array.astype(spec.dtype, copy=False)
 
-    def _value(self, var: Any, env: Mapping[int, Any]) -> Any:
-        if id(var) in env:
-            return env[id(var)]
-        if var.op is not None and var.op.op_type == "const":
-            return var.val
-        raise InterpreterError(f"value {var.name!r} is read before it is computed")
-
-    def _execute(
-        self, op: Any, env: Mapping[int, Any], states: dict[str, np.ndarray]
-    ) -> Sequence[Any]:
-        op_type = op.op_type
-        if op_type == "read_state":
-            return (states[self._state_name(op.inputs["input"])].copy(),)
-        if op_type in ("coreml_update_state", "write_state"):
-            state_var = op.inputs["state" if op_type == "coreml_update_state" else "input"]
-            value = self._value(
-                op.inputs["value" if op_type == "coreml_update_state" else "data"], env
-            )
-            name = self._state_name(state_var)
-            states[name] = np.asarray(value).astype(self.states[name].dtype)
-            return (value,) if op.outputs else ()
-        if op_type.startswith("constexpr_") and id(op) in self._constexpr_cache:
-            return self._constexpr_cache[id(op)]
-        values = {
-            name: (
-                [self._operand(item, env) for item in var]
-                if isinstance(var, list | tuple)
-                else self._operand(var, env)
-            )
-            for name, var in op.inputs.items()
-        }
-        result = KERNELS[op_type](OpArgs(op, values))
-        results = tuple(result) if isinstance(result, tuple) else (result,)
-        if op_type.startswith("constexpr_"):  # weights: decompress once per interpreter
-            outputs = tuple(
-                np.asarray(value).astype(numpy_dtype(var.dtype))
-                for var, value in zip(op.outputs, results, strict=True)
-            )
-            self._constexpr_cache[id(op)] = outputs
-            return outputs
-        return results
-
-    def _operand(self, var: Any, env: Mapping[int, Any]) -> Any:
-        """An op's input widened to fp32; constants (weights) are widened once, within a budget."""
-        widened = self._wide_constants.get(id(var))
-        if widened is not None:
-            return widened
-        value = widen(self._value(var, env))
-        producer = var.op.op_type if var.op is not None else ""
-        constant = producer == "const" or producer.startswith("constexpr_")
-        if constant and isinstance(value, np.ndarray) and value.dtype == np.float32:
-            if self._wide_bytes + value.nbytes <= WIDE_CONSTANT_BUDGET:
-                self._wide_constants[id(var)] = value
-                self._wide_bytes += value.nbytes
-        return value
-
-    def _state_name(self, var: Any) -> str:
-        try:
-            return self._state_names[id(var)]
-        except KeyError:
-            raise InterpreterError(f"{var.name!r} is not a state of this function") from None
-
 
 def _owned(value: Any) -> Any:
     """An output not sharing memory with a state, its shadow or a constant."""
     if isinstance(value, np.ndarray) and not value.flags.owndata:
         return value.copy()
     return value
-
-
-def _failed_step(compiled: Compiled, error: BaseException) -> Step | None:
-    """The step of the generated function's line an exception was raised from."""
-    found = None
-    traceback = error.__traceback__
-    while traceback is not None:
-        if traceback.tb_frame.f_code is compiled.code:
-            found = compiled.lines.get(traceback.tb_lineno)
-        traceback = traceback.tb_next
-    return found
-
-
-def _has_infinity(value: Any) -> bool:
-    array = np.asarray(value)
-    return array.dtype.kind == "f" and bool(np.isinf(array).any())

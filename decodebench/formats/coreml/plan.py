@@ -15,7 +15,7 @@ every output is rounded to its declared dtype exactly as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,57 +141,68 @@ def compile_plan(
         plan.outputs.append((var.name, output, constant))
 
     for index, op in enumerate(operations):
-        op_type = op.op_type
-        if op_type == "const":
-            continue
-        reads = tuple(slot(var) for var in input_vars(op))
-        params = tuple(
-            (
-                name,
-                tuple(slot(item) for item in var) if isinstance(var, list | tuple) else slot(var),
-            )
-            for name, var in op.inputs.items()
-        )
-        kind, kernel, state, value = KERNEL, KERNELS.get(op_type), "", -1
-        if op_type == "read_state":
-            kind, state = READ_STATE, state_names.get(id(op.inputs["input"]), "")
-        elif op_type == "coreml_update_state":
-            kind, state = UPDATE_STATE, state_names.get(id(op.inputs["state"]), "")
-            value = slot(op.inputs["value"])
-        elif op_type == "write_state":
-            kind, state = WRITE_STATE, state_names.get(id(op.inputs["input"]), "")
-            value = slot(op.inputs["data"])
-        elif overridden:
-            kind = OVERRIDDEN
-        elif op_type.startswith("constexpr_"):
-            kind = CONSTEXPR
-        dtypes = tuple(dtype_of(var.dtype) for var in op.outputs)
-        checks = tuple(
-            slot(var) for var, dtype in zip(op.outputs, dtypes, strict=True) if dtype.kind == "f"
-        )
-        if op_type in PASS_ON and _passes_checked_values(op, dtypes, dtype_of):
-            checks = ()
-        plan.steps.append(
-            Step(
-                index=index,
-                op=op,
-                kind=kind,
-                kernel=kernel,
-                params=params,
-                outputs=tuple(slot(var) for var in op.outputs),
-                dtypes=dtypes,
-                shapes=tuple(static_shape(var) for var in op.outputs),
-                reads=reads,
-                frees=tuple(sorted({s for s in reads if last.get(s) == index})),
-                state=state,
-                value=value,
-                wide=op_type not in MOVES or kind != KERNEL,
-                checks=checks,
-                **(elementwise(op, kernel, params, dtype_of) if kind == KERNEL else {}),
-            )
-        )
+        if op.op_type != "const":
+            plan.steps.append(_step(index, op, slot, last, state_names, dtype_of, overridden))
     fuse_state_updates(plan, set(outputs))
     return plan
+
+
+def _step(
+    index: int,
+    op: Any,
+    slot: Callable[[Any], int],
+    last: Mapping[int, int],
+    state_names: Mapping[int, str],
+    dtype_of: Any,
+    overridden: bool,
+) -> Step:
+    """The step of ``op`` (not a ``const``): its kind, kernel, operand and output slots, the
+    slots it frees (``last``: slot -> index of its last reader) and the outputs it checks."""
+    op_type = op.op_type
+    reads = tuple(slot(var) for var in input_vars(op))
+    params = tuple(
+        (
+            name,
+            tuple(slot(item) for item in var) if isinstance(var, list | tuple) else slot(var),
+        )
+        for name, var in op.inputs.items()
+    )
+    kind, kernel, state, value = KERNEL, KERNELS.get(op_type), "", -1
+    if op_type == "read_state":
+        kind, state = READ_STATE, state_names.get(id(op.inputs["input"]), "")
+    elif op_type == "coreml_update_state":
+        kind, state = UPDATE_STATE, state_names.get(id(op.inputs["state"]), "")
+        value = slot(op.inputs["value"])
+    elif op_type == "write_state":
+        kind, state = WRITE_STATE, state_names.get(id(op.inputs["input"]), "")
+        value = slot(op.inputs["data"])
+    elif overridden:
+        kind = OVERRIDDEN
+    elif op_type.startswith("constexpr_"):
+        kind = CONSTEXPR
+    dtypes = tuple(dtype_of(var.dtype) for var in op.outputs)
+    checks = tuple(
+        slot(var) for var, dtype in zip(op.outputs, dtypes, strict=True) if dtype.kind == "f"
+    )
+    if op_type in PASS_ON and _passes_checked_values(op, dtypes, dtype_of):
+        checks = ()
+    return Step(
+        index=index,
+        op=op,
+        kind=kind,
+        kernel=kernel,
+        params=params,
+        outputs=tuple(slot(var) for var in op.outputs),
+        dtypes=dtypes,
+        shapes=tuple(static_shape(var) for var in op.outputs),
+        reads=reads,
+        frees=tuple(sorted({s for s in reads if last.get(s) == index})),
+        state=state,
+        value=value,
+        wide=op_type not in MOVES or kind != KERNEL,
+        checks=checks,
+        **(elementwise(op, kernel, params, dtype_of) if kind == KERNEL else {}),
+    )
 
 
 def elementwise(op: Any, kernel: Any, params: Any, dtype_of: Any) -> dict[str, Any]:

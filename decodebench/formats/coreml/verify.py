@@ -129,18 +129,7 @@ def compare_sessions(
 
     A step's logits agree when they differ by at most ``atol + rtol * max|logits_a|``.
     """
-    if steps < 1:
-        raise MilError("--steps must be at least 1")
-    if not prompt:
-        raise MilError("the prompt must hold at least one token")
-    if a.interface.vocab != b.interface.vocab:
-        raise MilError(
-            f"the programs have different vocabularies ({a.interface.vocab} vs "
-            f"{b.interface.vocab} logits)"
-        )
-    context = min(a.interface.context, b.interface.context)
-    if len(prompt) + steps - 1 > context:
-        raise MilError(f"{len(prompt)} prompt + {steps} steps exceed the context of {context}")
+    _check_comparable(a, b, steps, prompt)
     a.reset()
     b.reset()
     tokens_a: list[int] = []
@@ -181,17 +170,7 @@ def compare_sessions(
         tokens_a.append(int(np.argmax(logits_a)))
         tokens_b.append(int(np.argmax(logits_b)))
         token = tokens_a[-1]
-    generated_breaches = breaches[len(prompt) - 1 :]
-    divergent = next(
-        (
-            step
-            for step, (left, right) in enumerate(zip(tokens_a, tokens_b, strict=True))
-            if left != right or generated_breaches[step]
-        ),
-        None,
-    )
-    if divergent is None and any(breaches):  # only the prompt steps (or a non-finite) disagree
-        divergent = len(tokens_a) if non_finite else 0
+    divergent = _first_divergent(tokens_a, tokens_b, breaches, len(prompt), non_finite)
     return VerifyResult(
         a=labels[0],
         b=labels[1],
@@ -210,6 +189,45 @@ def compare_sessions(
         interface_a=a.interface,
         interface_b=b.interface,
     )
+
+
+def _check_comparable(a: Session, b: Session, steps: int, prompt: Sequence[int]) -> None:
+    """An error unless both sessions can decode ``steps`` tokens after ``prompt``."""
+    if steps < 1:
+        raise MilError("--steps must be at least 1")
+    if not prompt:
+        raise MilError("the prompt must hold at least one token")
+    if a.interface.vocab != b.interface.vocab:
+        raise MilError(
+            f"the programs have different vocabularies ({a.interface.vocab} vs "
+            f"{b.interface.vocab} logits)"
+        )
+    context = min(a.interface.context, b.interface.context)
+    if len(prompt) + steps - 1 > context:
+        raise MilError(f"{len(prompt)} prompt + {steps} steps exceed the context of {context}")
+
+
+def _first_divergent(
+    tokens_a: list[int],
+    tokens_b: list[int],
+    breaches: list[bool],
+    prompt_length: int,
+    non_finite: str | None,
+) -> int | None:
+    """The first generated step whose tokens differ or whose logits breach the tolerance; a
+    breach only in the prompt counts as step 0, a non-finite as the step it stopped at."""
+    generated_breaches = breaches[prompt_length - 1 :]
+    divergent = next(
+        (
+            step
+            for step, (left, right) in enumerate(zip(tokens_a, tokens_b, strict=True))
+            if left != right or generated_breaches[step]
+        ),
+        None,
+    )
+    if divergent is None and any(breaches):  # only the prompt steps (or a non-finite) disagree
+        divergent = len(tokens_a) if non_finite else 0
+    return divergent
 
 
 def _finite_step(session: Session, label: str, token: int, position: int) -> np.ndarray:

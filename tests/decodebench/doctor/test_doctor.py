@@ -54,7 +54,7 @@ def test_a_divergence_carries_the_reference_margin_at_that_step(massive_llama_pa
     computes it. A candidate that overflows has no margin."""
     import numpy as np
 
-    from decodebench.doctor.repair import prove, top_margin
+    from decodebench.doctor.proof import prove, top_margin
     from decodebench.formats.coreml.cache_io import decode_session
     from decodebench.formats.coreml.interpreter import Interpreter
     from decodebench.formats.coreml.program import load_package, quiet_coremltools

@@ -78,7 +78,7 @@ def test_doctor_cures_a_coremltools_multifunction_package(
     merged_package: Path, massive_llama_checkpoint: Path, tmp_path: Path
 ) -> None:
     from decodebench.contracts.doctor import DoctorReport
-    from decodebench.doctor.repair import prove
+    from decodebench.doctor.proof import prove
     from decodebench.formats.coreml.program import load_package, quiet_coremltools
     from decodebench.formats.coreml.verify import open_session
 
@@ -135,7 +135,7 @@ def test_an_overflow_only_the_prefill_function_makes_is_caught_and_repaired(
     nothing wrong."""
     from decodebench.doctor.doctor import doctor
     from decodebench.doctor.headroom import measure_headroom
-    from decodebench.doctor.repair import prove
+    from decodebench.doctor.proof import prove
     from decodebench.formats.coreml.hf import convert_multifunction
     from decodebench.formats.coreml.program import quiet_coremltools
     from decodebench.formats.coreml.recipe import tiny_llama_with_massive_channel
@@ -184,7 +184,7 @@ def test_doctor_drives_a_package_of_the_projects_own_builder(
     """``decodebench build --prefill-chunk``: functions ``main`` and ``prefill``. Its norms are
     overflow-safe; with repeated KV heads the fold is the repair, proven through prefill."""
     from decodebench.contracts.doctor import DoctorReport
-    from decodebench.doctor.repair import prove
+    from decodebench.doctor.proof import prove
     from decodebench.formats.coreml.program import load_package, quiet_coremltools
     from decodebench.formats.coreml.verify import open_session
 

@@ -29,7 +29,8 @@ def test_repair_makes_the_overflowing_package_agree_with_its_fp32_self(
 
 def test_a_package_with_nothing_to_repair_is_copied_and_says_so(massive_llama_package, tmp_path):
     from decodebench.analysis.analyze import analyze_mlpackage
-    from decodebench.doctor.repair import render, repair_mlpackage
+    from decodebench.doctor.repair import repair_mlpackage
+    from decodebench.doctor.repair_text import render
 
     once = tmp_path / "once.mlpackage"
     repair_mlpackage(massive_llama_package, once, PROMPTS[:1], steps=2)

@@ -158,7 +158,7 @@ def test_a_decompressed_weight_can_be_an_output(compiled) -> None:  # noqa: ANN0
 def test_reductions_called_directly_are_numpys_bit_for_bit() -> None:
     """The compiled function calls np.max/np.min/np.sum/np.mean's ufunc reductions without their
     Python wrappers (mean: the sum divided by the count, as NumPy does): the same bits."""
-    from decodebench.formats.coreml.compiled import DIRECT_REDUCTIONS, mean_of
+    from decodebench.formats.coreml.compiled_calls import DIRECT_REDUCTIONS, mean_of
 
     wrapped: dict[str, Callable[..., Any]] = {
         "reduce_max": np.max,
