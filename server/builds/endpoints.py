@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter
 from pydantic import Field
+from sqlalchemy.orm import Session
 
 from decodebench.analysis.diff import GraphDiff
 from decodebench.contracts.api import BuildDetail, BuildStateView, Reenqueued
@@ -26,10 +29,13 @@ from server.builds.views import build_detail
 from server.config import get_settings
 from server.errors import AUTHENTICATED_ERRORS, InvalidInput
 from server.paths import RowId
-from server.sweeps.control import fail_unschedulable_runs
 from server.tasks import enqueue_build
 
 router = APIRouter(prefix="/api/v1/builds", tags=["builds"], responses=AUTHENTICATED_ERRORS)
+
+# What else the periodic reconcile does, added by the domains above builds (the application
+# wires in the sweeps' failing of queued runs no ready device can take), so builds imports none.
+RECONCILE_STEPS: list[Callable[[Session], object]] = []
 
 
 class OperatorAction(Incoming):
@@ -112,7 +118,8 @@ def reconcile(token: WorkerToken, session: SessionDep) -> Reenqueued:
     build_ids = sorted(set(expired) | set(stale))
     for build_id in build_ids:
         enqueue_build(session, build_id)
-    fail_unschedulable_runs(session, settings.unschedulable_wait_seconds)
+    for step in RECONCILE_STEPS:
+        step(session)
     return Reenqueued(reenqueued=build_ids)
 
 
