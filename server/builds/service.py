@@ -8,7 +8,8 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.variants import build_key
 from decodebench.contracts.workers import BuildFailure, BuildOutcome, BuildProgress
 from server import leases, tenancy
 from server.builds.references import check_references
