@@ -6,12 +6,14 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.orm import Session
 
 from decodebench import __version__
 from server.agents.endpoints import router as agents_router
 from server.artifacts.endpoints import router as artifacts_router
 from server.builds.endpoints import router as builds_router
-from server.config import get_settings
+from server.builds.service import RECONCILE_STEPS
+from server.config import Settings, get_settings
 from server.doctor.endpoints import router as doctor_router
 from server.errors import install_error_handlers
 from server.health import router as health_router
@@ -19,6 +21,7 @@ from server.limits import install_limits
 from server.profiles.endpoints import router as profiles_router
 from server.schedules.endpoints import alerts_router
 from server.schedules.endpoints import router as schedules_router
+from server.sweeps.control import fail_unschedulable_runs
 from server.sweeps.endpoints import router as sweeps_router
 from server.ui.build_pages import router as build_pages_router
 from server.ui.docs import mount_docs
@@ -31,6 +34,17 @@ from server.ui.sign_in import router as sign_in_router
 from server.ui.sweep_pages import router as sweep_pages_router
 from server.uploads.endpoints import router as uploads_router
 from server.usermodels.endpoints import router as models_router
+
+
+def _fail_unschedulable_runs(session: Session, settings: Settings) -> None:
+    """Queued runs that waited too long for a device class with no ready device fail."""
+    fail_unschedulable_runs(session, settings.unschedulable_wait_seconds)
+
+
+# The reconcile the workers call lives with builds, below sweeps: it runs this step through
+# RECONCILE_STEPS so builds need not import sweeps.
+if _fail_unschedulable_runs not in RECONCILE_STEPS:
+    RECONCILE_STEPS.append(_fail_unschedulable_runs)
 
 
 def create_app() -> FastAPI:

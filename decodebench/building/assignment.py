@@ -31,8 +31,9 @@ from decodebench.building.sources import (
 )
 from decodebench.client import DecodebenchClient
 from decodebench.contracts.build import BuildReport
-from decodebench.contracts.domain import CHAT_PROMPT_SET, CUSTOM_PROMPT_SET, build_key
+from decodebench.contracts.domain import CHAT_PROMPT_SET, CUSTOM_PROMPT_SET
 from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind
+from decodebench.contracts.variants import build_key
 from decodebench.contracts.workers import BuildAssignment
 from decodebench.toolchain import ToolchainMismatch
 

@@ -21,8 +21,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from decodebench.contracts.build import BuildReport
-from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import PACKAGE_NAME, REPORT_NAME
+from decodebench.contracts.variants import build_key
 
 CACHE_ENV = "DECODEBENCH_BUILD_CACHE"
 

@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.analysis.diff import GraphDiff, diff_analyses
 from decodebench.contracts.analysis import GraphAnalysis
-from server.builds.reports import UnreadableReport, report_of
+from server.build_reports import UnreadableReport, report_of
 from server.builds.service import get_build
 from server.builds.views import build_label
 from server.errors import Conflict

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -9,7 +10,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import BuildStateView
-from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.variants import build_key
 from decodebench.contracts.workers import BuildOutcome
 from server import leases, tenancy
 from server.builds.references import check_references
@@ -17,7 +19,6 @@ from server.config import Settings
 from server.errors import Conflict, InvalidInput, NotFound
 from server.models import Build, BuildState, Run, RunState
 from server.runs.service import refresh_sweeps_of_build
-from server.sweeps.control import fail_unschedulable_runs
 from server.tasks import enqueue_build
 from server.transitions import move, record_created
 
@@ -159,8 +160,14 @@ def _get_locked(session: Session, build_id: int, lock: bool) -> Build:
     return get_build(session, build_id, lock=lock)
 
 
-def _fail_unschedulable(session: Session, settings: Settings) -> None:
-    fail_unschedulable_runs(session, settings.unschedulable_wait_seconds)
+# What else the periodic reconcile does, added by the domains above builds (the application
+# wires in the sweeps' failing of queued runs no ready device can take), so builds imports none.
+RECONCILE_STEPS: list[Callable[[Session, Settings], object]] = []
+
+
+def _after_reconcile(session: Session, settings: Settings) -> None:
+    for step in RECONCILE_STEPS:
+        step(session, settings)
 
 
 # Builds as leased work (server/leases.py): a worker starts, renews, reports and fails them
@@ -178,5 +185,5 @@ BUILDS = leases.LeasedKind(
     fail=_fail,
     enqueue=enqueue_build,
     state_view=BuildStateView,
-    after_reconcile=_fail_unschedulable,
+    after_reconcile=_after_reconcile,
 )

@@ -10,7 +10,7 @@ from decodebench.contracts.api import AnalysisSummary, BuildDetail, BuildView
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import BuildState
 from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile
-from server.builds.reports import readable_report
+from server.build_reports import readable_report
 from server.models import Build
 from server.profiles.service import current_profiles
 

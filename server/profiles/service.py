@@ -26,7 +26,7 @@ from decodebench.calibration import (
 )
 from decodebench.contracts.profiles import DEVICE_PROFILES, DeviceProfile, get_profile
 from server import tenancy
-from server.builds.reports import readable_report
+from server.build_reports import readable_report
 from server.errors import Conflict
 from server.models import Build, ProfileCalibration, PromptResultRow, Run, RunState
 

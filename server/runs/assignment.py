@@ -12,7 +12,7 @@ from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
 from decodebench.contracts.profiles import DeviceProfile
 from decodebench.contracts.protocol import RunAssignment
-from server.builds.reports import report_of
+from server.build_reports import report_of
 from server.config import Settings
 from server.models import Build, Run, Sweep, SweepVariant
 from server.profiles.service import current_profiles

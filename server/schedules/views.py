@@ -19,7 +19,7 @@ from decodebench.contracts.schedules import (
     ScheduleView,
     SeriesView,
 )
-from decodebench.judging.adaptive import minimum_detectable_effect
+from decodebench.judging.detectable import minimum_detectable_effect
 from server import tenancy
 from server.models import Alert, DeviceSpread, Schedule, ScheduleFiring
 from server.schedules.context import cell_key

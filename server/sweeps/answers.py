@@ -20,7 +20,7 @@ from decodebench.contracts.verdicts import OutputAgreement
 from decodebench.detokenize import DetokenizerError, detokenize, load_table
 from decodebench.judging.agreement import first_divergence, reference_agreement
 from decodebench.judging.measurements import VariantRuns
-from server.builds.reports import readable_report
+from server.build_reports import readable_report
 from server.models import Sweep
 from server.sweeps.verdicts import measured_arms
 

@@ -4,7 +4,7 @@ a table holding the same figures, for screen readers and for copying numbers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -208,6 +208,34 @@ def _ticks(low: float, high: float, count: int = 4) -> list[float]:
     return [first + i * step for i in range(count + 1) if first + i * step <= high + step * 1e-9]
 
 
+def _trend_markers(
+    markers: Sequence[ChangeMarker], x: Callable[[datetime], float], top: int, bottom: int
+) -> list[str]:
+    """The alerts' dashed lines and flag links on a trend chart, with their build-diff links."""
+    body: list[str] = []
+    for marker in markers:
+        at, colour = x(marker.at), MARKER_COLOURS.get(marker.kind, "#666666")
+        hollow = marker.kind == "suspected"
+        body.append(
+            f'<line x1="{at:.1f}" y1="{top}" x2="{at:.1f}" y2="{bottom}" stroke="{colour}" '
+            f'stroke-dasharray="4 3"/><a class="marker marker-{escape(marker.kind)}" '
+            f'href="{escape(marker.href)}" aria-label="{escape(marker.text)}">'
+            f'<path d="M{at - 7:.1f},{top - 16}h14l-7,12z" fill="{"white" if hollow else colour}" '
+            f'stroke="{colour}" stroke-width="1.5"/><title>{escape(marker.text)}</title></a>'
+        )
+        if marker.diff_href:
+            # Beside the marker, on the side with room (the newest night is at the right edge).
+            left = at > TREND_MARGIN_LEFT + TREND_PLOT / 2
+            body.append(
+                f'<a class="marker-diff" href="{escape(marker.diff_href)}" '
+                f'aria-label="Build diff for: {escape(marker.text)}"><text '
+                f'x="{at - 10 if left else at + 10:.1f}" y="{top - 6}" font-size="11" '
+                f'text-anchor="{"end" if left else "start"}" fill="#0058b0" '
+                f'text-decoration="underline">build diff</text></a>'
+            )
+    return body
+
+
 def trend_chart(
     points: Sequence[NightPoint], markers: Sequence[ChangeMarker], title: str
 ) -> Markup:
@@ -264,26 +292,7 @@ def trend_chart(
             f'fill="{SERIES_COLOURS[0]}"><title>{escape(point.label)}: {point.mean:,.1f} ± '
             f"{point.half_width:,.1f} tok/s</title></circle>"
         )
-    for marker in markers:
-        at, colour = x(marker.at), MARKER_COLOURS.get(marker.kind, "#666666")
-        hollow = marker.kind == "suspected"
-        body.append(
-            f'<line x1="{at:.1f}" y1="{top}" x2="{at:.1f}" y2="{bottom}" stroke="{colour}" '
-            f'stroke-dasharray="4 3"/><a class="marker marker-{escape(marker.kind)}" '
-            f'href="{escape(marker.href)}" aria-label="{escape(marker.text)}">'
-            f'<path d="M{at - 7:.1f},{top - 16}h14l-7,12z" fill="{"white" if hollow else colour}" '
-            f'stroke="{colour}" stroke-width="1.5"/><title>{escape(marker.text)}</title></a>'
-        )
-        if marker.diff_href:
-            # Beside the marker, on the side with room (the newest night is at the right edge).
-            left = at > TREND_MARGIN_LEFT + TREND_PLOT / 2
-            body.append(
-                f'<a class="marker-diff" href="{escape(marker.diff_href)}" '
-                f'aria-label="Build diff for: {escape(marker.text)}"><text '
-                f'x="{at - 10 if left else at + 10:.1f}" y="{top - 6}" font-size="11" '
-                f'text-anchor="{"end" if left else "start"}" fill="#0058b0" '
-                f'text-decoration="underline">build diff</text></a>'
-            )
+    body.extend(_trend_markers(markers, x, top, bottom))
     width, height = right + 20, bottom + 26
     return Markup(
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.variants import build_key
 from decodebench.toolchain import (
     ToolchainMismatch,
     check_toolchain,

@@ -23,9 +23,10 @@ from decodebench.building.build import (
 )
 from decodebench.building.job import STAGE_WEIGHTS
 from decodebench.contracts.build import BuildReport
-from decodebench.contracts.domain import Attention, VariantSpec, build_key
+from decodebench.contracts.domain import Attention, VariantSpec
 from decodebench.contracts.presets import TINY_GQA
 from decodebench.contracts.profiles import DEVICE_PROFILES, IPHONE_17_PRO, DeviceProfile
+from decodebench.contracts.variants import build_key
 from decodebench.modeling import build_model, parameter_count
 
 pytestmark = pytest.mark.slow

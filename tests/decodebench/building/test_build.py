@@ -11,7 +11,8 @@ import pytest
 from decodebench.analysis.analyze import analyze_mlpackage
 from decodebench.building.build import BuildError, build_variant, load_report
 from decodebench.building.cache import BuildCache
-from decodebench.contracts.domain import VariantSpec, build_key
+from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.variants import build_key
 from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,8 @@ from decodebench.building.sources import (
     SourceError,
     local_source,
 )
-from decodebench.contracts.domain import Attention, VariantSpec, build_key
+from decodebench.contracts.domain import Attention, VariantSpec
+from decodebench.contracts.variants import build_key
 from decodebench.contracts.workers import BuildAssignment
 
 VARIANT = VariantSpec(context=64, attention=Attention.folded)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from decodebench.contracts.verdicts import JudgingError
-from decodebench.judging import adaptive
+from decodebench.judging import adaptive, detectable
 
 SETTINGS = adaptive.AdaptiveSettings(min_effect=0.02, base_runs=4, budget=12)
 
@@ -110,9 +110,9 @@ def test_the_detectable_effect_shrinks_with_runs_and_warns_above_min_effect() ->
     noisy = adaptive.Spread(run=0.05, night=0.0, runs=0, nights=0)
     calm = adaptive.Spread(run=0.005, night=0.0, runs=0, nights=0)
 
-    two = adaptive.minimum_detectable_effect(noisy, 2, SETTINGS)
-    sixteen = adaptive.minimum_detectable_effect(noisy, 16, SETTINGS)
-    fine = adaptive.minimum_detectable_effect(calm, 2, SETTINGS)
+    two = detectable.minimum_detectable_effect(noisy, 2, SETTINGS)
+    sixteen = detectable.minimum_detectable_effect(noisy, 16, SETTINGS)
+    fine = detectable.minimum_detectable_effect(calm, 2, SETTINGS)
 
     assert two.effect > sixteen.effect > SETTINGS.min_effect > fine.effect
     assert sixteen.effect == pytest.approx(two.effect * np.sqrt(2 / 16), rel=0.05)

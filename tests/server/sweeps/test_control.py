@@ -119,3 +119,22 @@ def test_fleet_page_shows_current_runs_queues_failures_and_devices_gone(
     sweep_page = api.get(f"/sweeps/{queued_sweep['id']}").text
     assert "no iPhone 15 Pro attached and ready; last seen" in sweep_page
     assert "(disconnected)" in sweep_page
+
+
+def test_the_workers_reconcile_fails_the_runs_no_device_can_take(
+    api, queued_sweep, user_token, worker_token, monkeypatch
+) -> None:
+    """Builds sit below sweeps and import none of them: the application wires the sweeps'
+    step into the builds' reconcile, and a worker's periodic call runs it."""
+    from server.config import get_settings
+
+    monkeypatch.setenv("DECODEBENCH_UNSCHEDULABLE_WAIT_SECONDS", "0")
+    get_settings.cache_clear()
+    try:
+        answered = api.post("/api/v1/builds/reconcile", headers=bearer(worker_token))
+    finally:
+        get_settings.cache_clear()
+    assert answered.status_code == 200, answered.text
+    after = api.get(f"/api/v1/sweeps/{queued_sweep['id']}", headers=bearer(user_token)).json()
+    assert after["state"] == "failed"
+    assert {run["state"] for run in after["runs"]} == {"failed"}

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from decodebench.contracts.domain import SweepSpec, VariantSpec, build_key
+from decodebench.contracts.domain import SweepSpec, VariantSpec
+from decodebench.contracts.variants import build_key
 from decodebench.detokenize import detokenize, dump_table, load_table
 from scripts.standins import MINIMAL_ANALYSIS, build_report
 from tests.support.api import bearer, start_and_complete
