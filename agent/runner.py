@@ -83,6 +83,7 @@ def build_job(assignment: RunAssignment, device: DeviceInfo | None = None) -> Ha
         device_udid=device.udid if device is not None else "",
         driver=device.driver if device is not None else "",
         artifact_sha256=assignment.artifact_sha256,
+        engine=assignment.variant.format.value,
         bytes_per_token=assignment.bytes_per_token,
         context_tokens=context,
         decode_tokens=assignment.decode_tokens,

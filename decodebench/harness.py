@@ -117,6 +117,10 @@ class HarnessPrompt(BaseModel):
     token_ids: list[int] = Field(min_length=1)
 
 
+# The runtime the iOS harness decodes with (a job for another engine is refused by name).
+HARNESS_ENGINE = "coreml"
+
+
 class HarnessJob(BaseModel):
     """What the agent pushes to the device for the harness to run (its job.json)."""
 
@@ -131,6 +135,11 @@ class HarnessJob(BaseModel):
     driver: str = Field(default="", description="Echoed into results.json")
     artifact_sha256: str
     package_path: str = Field(default="", description="The .mlpackage, relative to Documents")
+    engine: str = Field(
+        default=HARNESS_ENGINE,
+        max_length=32,
+        description="The runtime the phone decodes the package with: its model format (coreml)",
+    )
     bytes_per_token: int = Field(description="Analysed bytes moved per decoded token")
     context_tokens: int = Field(ge=1, description="KV-cache length the model was built for")
     decode_tokens: int = Field(ge=1)
@@ -158,12 +167,14 @@ class HarnessJob(BaseModel):
 
 
 def job_problem(job: HarnessJob) -> str | None:
-    """Why the harness cannot run `job` (protocol version, context bounds), or None."""
+    """Why the harness cannot run `job` (protocol version, engine, context bounds), or None."""
     if job.protocol_version != HARNESS_PROTOCOL_VERSION:
         return (
             f"job.json speaks harness protocol {job.protocol_version}, the harness speaks "
             f"{HARNESS_PROTOCOL_VERSION}"
         )
+    if job.engine != HARNESS_ENGINE:
+        return f"job.json asks for engine {job.engine}; the harness decodes with {HARNESS_ENGINE}"
     if job.warmup_steps > job.context_tokens:
         return (
             f"warmup_steps {job.warmup_steps} exceeds the context of {job.context_tokens} "

@@ -66,13 +66,13 @@ def content_sha256(files: Iterable[tuple[str, str]]) -> str:
 
 
 def detect_kind(paths: list[str]) -> str:
-    """``hf`` (a config.json among them), ``gguf`` (one .gguf file) or ``mlpackage`` (one zip)."""
+    """``hf`` (a config.json among them), ``gguf`` (one .gguf file) or ``package`` (one zip)."""
     if "config.json" in paths:
         return "hf"
     if len(paths) == 1 and paths[0].endswith(".gguf"):
         return "gguf"
     if len(paths) == 1 and paths[0].endswith(".zip"):
-        return "mlpackage"
+        return "package"
     raise ModelFileError(
         "files: a model is a Hugging Face folder (config.json and *.safetensors), one .gguf "
         f"file, or one zipped .mlpackage; got {', '.join(sorted(paths)) or 'nothing'}"

@@ -83,7 +83,7 @@ def assignment_source(client: DecodebenchClient, assignment: BuildAssignment, ro
     if assignment.variant.package is None:
         return model
     package = client.get_model(assignment.variant.package)
-    if package.kind != ModelKind.mlpackage:
+    if package.kind != ModelKind.package:
         raise SourceError(f"package: {package.name} is not a .mlpackage")
     return UploadedPackage(model, package, client, root)
 

@@ -77,8 +77,19 @@ class Driver(StrEnum):
         return self in (Driver.simulated, Driver.emulated)
 
 
+class FormatName(StrEnum):
+    """A model format a variant is built in and an uploaded package is in (its code:
+    ``decodebench/formats/<name>/``)."""
+
+    coreml = "coreml"
+
+
+DEFAULT_FORMAT = FormatName.coreml
+# Each format's package file name inside a build and on the phone.
+ARTIFACT_NAMES = {FormatName.coreml: "model.mlpackage"}
+
 # Files of a build and of a run, on disk, in the artifact store and on the phone.
-PACKAGE_NAME = "model.mlpackage"
+PACKAGE_NAME = ARTIFACT_NAMES[DEFAULT_FORMAT]
 REPORT_NAME = "build.json"
 JOB_FILE = "job.json"
 RESULTS_FILE = "results.json"

@@ -4,7 +4,7 @@
 An upload session receives one file in chunks at explicit offsets (``GET`` tells the offset
 reached, so an interrupted upload resumes there) and, when finished with the file's sha256, puts
 it into the content-addressed artifact store. A model names such files: a Hugging Face
-checkpoint, a GGUF file, or a zipped ``.mlpackage``.
+checkpoint, a GGUF file, or a zipped package in a model format (a Core ML ``.mlpackage``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import re
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import ConfigDict, Field, StrictInt, field_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from decodebench.contracts.base import Contract, Incoming
+from decodebench.contracts.names import FormatName
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # Short enough that "upload:<name>" fits the 64-character model columns.
@@ -26,7 +27,11 @@ UPLOAD_PREFIX = "upload:"
 class ModelKind(StrEnum):
     hf = "hf"  # config.json + *.safetensors (+ tokenizer files)
     gguf = "gguf"  # one GGUF file, dequantized by the worker
-    mlpackage = "mlpackage"  # one zipped .mlpackage built elsewhere
+    package = "package"  # one zipped package built elsewhere, in the model's format
+
+
+# What older clients and stored rows called a Core ML package.
+LEGACY_KINDS = {"mlpackage": ModelKind.package}
 
 
 def check_model_name(value: str) -> str:
@@ -67,7 +72,21 @@ class ModelFileRef(Incoming):
 class ModelRegistration(Incoming):
     name: str = Field(description="Unique; a sweep names it as upload:<name>")
     kind: ModelKind | None = Field(default=None, description="Detected from the files if omitted")
+    format: FormatName | None = Field(
+        default=None, description="A package's model format (coreml when omitted)"
+    )
     files: list[ModelFileRef] = Field(min_length=1, max_length=64)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _legacy_kind(cls, value: object) -> object:
+        return LEGACY_KINDS.get(value, value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _format_of_a_package(self) -> ModelRegistration:
+        if self.format is not None and self.kind not in (None, ModelKind.package):
+            raise ValueError(f"format: only a package has a model format, not a {self.kind}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -89,6 +108,7 @@ class ModelView(Contract):
     id: int
     name: str
     kind: ModelKind
+    format: FormatName | None = Field(description="A package's model format; none for a checkpoint")
     architecture: str | None = Field(description="config.json's architecture, or GGUF's")
     content_sha256: str = Field(description="sha256 over path:sha256 lines: part of build keys")
     total_bytes: int

@@ -11,6 +11,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from decodebench.contracts.base import Incoming
+from decodebench.contracts.names import DEFAULT_FORMAT, FormatName
 from decodebench.contracts.recipes import RecipeError, parse_recipe
 from decodebench.contracts.uploads import MODEL_NAME
 
@@ -32,6 +33,7 @@ MAX_PREFILL_CHUNK = 512
 # Axes added after builds were first keyed: left out of the identity while at their default, so
 # every build keyed before they existed keeps its key (and its artifact).
 _LATER_AXES_DEFAULTS: dict[str, object] = {
+    "format": DEFAULT_FORMAT.value,
     "kv": "state",
     "prefill_chunk": None,
     "package": None,
@@ -50,6 +52,10 @@ class VariantSpec(Incoming):
 
     name: str | None = Field(
         default=None, description="Label shown in comparisons; derived from the axes when omitted"
+    )
+    format: FormatName = Field(
+        default=DEFAULT_FORMAT,
+        description="The model format the variant is built in (coreml: a Core ML .mlpackage)",
     )
     attention: Attention = Attention.folded
     kv: KVCache = Field(

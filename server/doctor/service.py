@@ -17,6 +17,7 @@ from decodebench.contracts.doctor_jobs import (
     DoctorStateView,
 )
 from decodebench.contracts.domain import SweepSpec, VariantSpec
+from decodebench.contracts.names import FormatName
 from decodebench.contracts.uploads import UPLOAD_PREFIX, ModelKind
 from decodebench.modelfiles import ModelFileError, check_package_zip, content_sha256
 from server import leases, tenancy
@@ -67,9 +68,14 @@ def check_request(session: Session, request: DoctorRequest) -> UserModel:
         raise InvalidInput(
             f"package: no uploaded model {request.package!r} (POST /api/v1/models first)"
         )
-    if package.kind != ModelKind.mlpackage:
+    if package.kind != ModelKind.package:
         raise InvalidInput(
             f"package: {request.package!r} is a {package.kind} checkpoint, not a .mlpackage"
+        )
+    if package.format != FormatName.coreml:
+        raise InvalidInput(
+            f"package: {request.package!r} is a {package.format} package; the doctor examines "
+            "Core ML packages (coreml)"
         )
     if request.tokenizer != DEFAULT_TOKENIZER:
         name = request.tokenizer.removeprefix(UPLOAD_PREFIX)
@@ -200,7 +206,8 @@ def _register_repaired(
     size = path.stat().st_size
     model = UserModel(
         name=name,
-        kind=ModelKind.mlpackage.value,
+        kind=ModelKind.package.value,
+        format=FormatName.coreml.value,
         architecture=None,
         content_sha256=content,
         total_bytes=size,

@@ -36,6 +36,8 @@ class UserModel(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(48), unique=True)
     kind: Mapped[str] = mapped_column(String(16))
+    # A package's model format (coreml); none for a checkpoint.
+    format: Mapped[str | None] = mapped_column(String(16))
     architecture: Mapped[str | None] = mapped_column(String(128))
     content_sha256: Mapped[str] = mapped_column(String(64))
     total_bytes: Mapped[int] = mapped_column(BigInteger)

@@ -36,7 +36,7 @@ def _packages(session) -> list[str]:
     return list(
         session.scalars(
             select(UserModel.name)
-            .where(UserModel.kind == ModelKind.mlpackage.value, tenancy.models(session))
+            .where(UserModel.kind == ModelKind.package.value, tenancy.models(session))
             .order_by(UserModel.id.desc())
             .limit(200)
         )

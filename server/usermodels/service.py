@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from decodebench.checkpoints import check_gguf
 from decodebench.contracts.domain import SweepSpec
+from decodebench.contracts.names import DEFAULT_FORMAT, FormatName
 from decodebench.contracts.recipes import parse_recipe
 from decodebench.contracts.uploads import (
     UPLOAD_PREFIX,
@@ -44,6 +45,7 @@ def view(model: UserModel) -> ModelView:
         id=model.id,
         name=model.name,
         kind=ModelKind(model.kind),
+        format=None if model.format is None else FormatName(model.format),
         architecture=model.architecture,
         content_sha256=model.content_sha256,
         total_bytes=model.total_bytes,
@@ -92,7 +94,7 @@ def resolve_spec_model(session: Session, spec_model: str) -> UserModel | None:
     model = visible_model(session, name)
     if model is None:
         raise InvalidInput(f"model: no uploaded model {name!r} (POST /api/v1/models first)")
-    if model.kind == ModelKind.mlpackage:
+    if model.kind == ModelKind.package:
         raise InvalidInput(
             f"model: {name!r} is a .mlpackage; name it in a variant's package field instead"
         )
@@ -123,7 +125,7 @@ def _check(kind: ModelKind, files: dict[str, tuple[str, Path]], settings: Settin
         (name, (_, path)), *_ = files.items()
         with path.open("rb") as stream:
             return check_gguf(stream, path.stat().st_size, name)
-    if kind == ModelKind.mlpackage:
+    if kind == ModelKind.package:
         (name, (_, path)), *_ = files.items()
         return check_package_zip(path, name, settings.max_model_bytes)
     for name, (_, path) in files.items():
@@ -177,6 +179,10 @@ def register_model(
         detected = ModelKind(detect_kind(sorted(files)))
         if request.kind is not None and request.kind != detected:
             raise ModelFileError(f"kind: {request.kind.value} given, but the files are {detected}")
+        if request.format is not None and detected != ModelKind.package:
+            raise ModelFileError(
+                f"format: only a package has a model format; the files are {detected}"
+            )
         summary = _check(detected, files, settings)
     except ModelFileError as error:
         raise InvalidInput(str(error)) from None
@@ -185,6 +191,9 @@ def register_model(
         .values(
             name=request.name,
             kind=detected.value,
+            format=(request.format or DEFAULT_FORMAT).value
+            if detected == ModelKind.package
+            else None,
             architecture=summary.get("architecture"),
             content_sha256=content,
             total_bytes=total,
@@ -227,7 +236,9 @@ def variant_identities(session: Session, spec: SweepSpec) -> list[str]:
     for index, variant in enumerate(spec.variants):
         package_content = None
         if variant.package is not None:
-            package_content = _package(session, index, variant.package).content_sha256
+            package_content = _package(
+                session, index, variant.package, variant.format
+            ).content_sha256
         elif model is not None:
             if variant.layers is not None and variant.layers > layers:
                 raise InvalidInput(
@@ -248,13 +259,18 @@ def variant_identities(session: Session, spec: SweepSpec) -> list[str]:
     return identities
 
 
-def _package(session: Session, index: int, name: str) -> UserModel:
+def _package(session: Session, index: int, name: str, variant_format: str) -> UserModel:
     package = visible_model(session, name)
     if package is None:
         raise InvalidInput(f"variants.{index}.package: no uploaded package {name!r}")
-    if package.kind != ModelKind.mlpackage:
+    if package.kind != ModelKind.package:
         raise InvalidInput(
             f"variants.{index}.package: {name!r} is a {package.kind} checkpoint, not a "
             ".mlpackage; name it as the sweep's model (upload:{name})"
+        )
+    if package.format != variant_format:
+        raise InvalidInput(
+            f"variants.{index}.package: {name!r} is a {package.format} package, the variant's "
+            f"format is {variant_format}"
         )
     return package

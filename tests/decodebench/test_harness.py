@@ -158,6 +158,7 @@ def test_a_job_that_fits_its_context_exactly_is_accepted() -> None:
             r"prompt 0: 57 prompt tokens \+ 9 decode tokens need 65 KV positions",
         ),
         ({"protocol_version": 2}, "job.json speaks harness protocol 2, the harness speaks 1"),
+        ({"engine": "coreai"}, "job.json asks for engine coreai; the harness decodes with coreml"),
         ({"thermal_wait_s": 601}, "thermal_wait_s"),
         ({"warmup_steps": -1}, "warmup_steps"),
     ],

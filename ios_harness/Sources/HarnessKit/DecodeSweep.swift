@@ -39,6 +39,9 @@ public func jobProblem(_ job: HarnessJob) -> String? {
     if job.contextTokens < 1 || job.decodeTokens < 1 || job.warmupSteps < 0 {
         return "context_tokens and decode_tokens must be at least 1, warmup_steps at least 0"
     }
+    if let engine = job.engine, engine != "coreml" {
+        return "job.json asks for engine \(engine); the harness decodes with coreml"
+    }
     if job.warmupSteps > job.contextTokens {
         return "warmup_steps \(job.warmupSteps) exceeds the context of \(job.contextTokens) tokens (warm-up step k writes KV position k)"
     }

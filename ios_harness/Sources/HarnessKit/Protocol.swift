@@ -67,6 +67,7 @@ public struct HarnessJob: Codable, Sendable {
     public let driver: String
     public let artifactSha256: String
     public let packagePath: String
+    public let engine: String?
     public let bytesPerToken: Int
     public let contextTokens: Int
     public let decodeTokens: Int
@@ -86,6 +87,7 @@ public struct HarnessJob: Codable, Sendable {
         case driver
         case artifactSha256 = "artifact_sha256"
         case packagePath = "package_path"
+        case engine
         case bytesPerToken = "bytes_per_token"
         case contextTokens = "context_tokens"
         case decodeTokens = "decode_tokens"

@@ -53,7 +53,7 @@ def test_the_client_and_cli_import_without_torch_or_coremltools() -> None:
 
 
 def test_the_blocker_itself_blocks() -> None:
-    done = _import_without_heavy("decodebench.analysis.analyze")  # reads programs with coremltools
+    done = _import_without_heavy("decodebench.formats.coreml.graph")  # reads with coremltools
     assert done.returncode != 0 and "blocked for this test" in done.stderr
 
 
@@ -98,3 +98,35 @@ def test_every_api_operation_declares_its_response_schema() -> None:
                 if not body or body == {}:
                     undeclared.append(f"{method.upper()} {path} {status}")
     assert not undeclared, undeclared
+
+
+def test_a_variant_names_its_format_and_the_default_keeps_every_build_key() -> None:
+    """The format joined the variant after builds were keyed: at its default (coreml) it is out
+    of the key, so every stored key still means what it meant; an unknown one is refused."""
+    from pydantic import ValidationError
+
+    from decodebench.contracts.variants import VariantSpec, build_key
+
+    toolchain = {"torch": "2.13.0", "coremltools": "9.0"}
+    plain = VariantSpec(context=128)
+    named = VariantSpec(context=128, format="coreml")
+    assert "format" not in plain.graph_identity()
+    assert build_key("tiny-gqa", named, toolchain) == build_key("tiny-gqa", plain, toolchain)
+    # The key of this variant as builds were keyed before the format existed.
+    before = {"attention": "folded", "context": 128, "layers": None, "quant": "fp16"}
+    assert plain.graph_identity() == before
+    with pytest.raises(ValidationError, match="format"):
+        VariantSpec(format="onnx")
+
+
+def test_an_uploaded_package_says_its_format_and_the_old_kind_still_reads() -> None:
+    from pydantic import ValidationError
+
+    from decodebench.contracts.uploads import ModelKind, ModelRegistration
+
+    files = [{"path": "m.zip", "sha256": "0" * 64}]
+    old = ModelRegistration(name="m", kind="mlpackage", files=files)
+    assert old.kind == ModelKind.package and old.format is None
+    assert ModelRegistration(name="m", kind="package", format="coreml", files=files).format
+    with pytest.raises(ValidationError, match="only a package has a model format"):
+        ModelRegistration(name="m", kind="gguf", format="coreml", files=files)

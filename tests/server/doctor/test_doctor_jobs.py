@@ -66,7 +66,7 @@ def test_bad_requests_name_the_field_and_write_nothing(
         ({"steps": 0}, "steps"),
         ({"tokenizer": "gpt2"}, "tokenizer"),
         ({"tokenizer": "upload:nothing"}, "tokenizer: no uploaded model 'nothing'"),
-        ({"tokenizer": "upload:massive"}, "tokenizer: 'massive' is a mlpackage"),
+        ({"tokenizer": "upload:massive"}, "tokenizer: 'massive' is a package"),
         ({"tokenizer": "upload:ckpt"}, "tokenizer: 'ckpt' holds no tokenizer files"),
         ({"colour": "blue"}, "colour"),
     ]
@@ -139,7 +139,11 @@ def test_a_job_through_the_worker_api_to_its_repaired_package_and_ab_sweep(
     assert [v["allow_non_finite"] for v in sweep["spec"]["variants"]] == [True, False]
     assert sweep["model"] == "smollm2-135m" and sweep["baseline"] == "original"
     model = api.get("/api/v1/models/massive.repaired", headers=bearer(user_token)).json()
-    assert model["kind"] == "mlpackage" and model["files"][0]["sha256"] == sha256
+    assert (
+        model["kind"] == "package"
+        and model["format"] == "coreml"
+        and model["files"][0]["sha256"] == sha256
+    )
 
     download = api.get(f"{path}/package", headers=bearer(user_token))
     assert download.status_code == 200 and download.content == data
