@@ -252,7 +252,6 @@ OVER_THE_LIMIT = {
     "decodebench/doctor/repair.py",
     "decodebench/doctor/waste.py:find_waste",
     "decodebench/client.py",
-    "emulator/app.py:run_harness",
 }
 
 
