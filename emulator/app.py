@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from pydantic import ValidationError
 
 from decodebench.contracts.names import Driver
 from decodebench.contracts.profiles import DeviceProfile, get_profile
-from decodebench.contracts.results import RunResult
+from decodebench.contracts.results import RunResult, ThermalState
 from decodebench.formats.coreml.program import MilError
 from decodebench.harness import (
     COMPLETE_MARKER,
@@ -203,10 +204,7 @@ def run_harness(
     say(f"run {job.run_id}: compiling {job.package_path} ({package_bytes:,} bytes)")
     if device.faults.take(FaultKind.app_crash):
         raise AppCrashed("EXC_BAD_ACCESS (SIGSEGV) while loading the model")
-    assigned, dispatch_ops = device.assigned_timing.pop(job.run_id, (None, 0))
-    profile = get_profile(device.identity.device_class)
-    if assigned is not None and assigned.device_class == profile.device_class:
-        profile = assigned  # the server's current (calibrated) profile, as predictions use
+    profile, dispatch_ops = _profile_of(device, job.run_id)
     timing = device.timing
     try:
         tokens = token_source(device, job, package, package_bytes, say)
@@ -215,23 +213,9 @@ def run_harness(
         condition = device.condition
         waited_ms = thermal_wait_ms(condition.thermal_state, job.thermal_wait_s)
         thermal_start = condition.thermal_state
-        # The run's thermal slow-down starts from the state it starts in (read once, above).
-        noise = RunNoise.for_run(profile, timing, device.udid, job.run_id, thermal_start.value)
-        clock = RooflineClock(
-            profile,
-            job.bytes_per_token,
-            noise,
-            prompt_seed(job.run_id, device.udid, 0),
-            tokens,
-            dispatch_ops,
-        )
+        noise, clock = _clock(device, job, profile, tokens, dispatch_ops, thermal_start)
         say(f"run {job.run_id}: {len(job.prompts)} prompts x {job.decode_tokens} tokens")
-        if tokens is not None:
-            with tokens.lock:
-                prompts = run_prompts(
-                    clock, clock, job.prompts, job.decode_tokens, job.warmup_steps, observer
-                )
-        else:
+        with tokens.lock if tokens is not None else nullcontext():
             prompts = run_prompts(
                 clock, clock, job.prompts, job.decode_tokens, job.warmup_steps, observer
             )
@@ -263,19 +247,64 @@ def run_harness(
         prompts=prompts,
     )
     virtual_s = timing.cold_load_ms(package_bytes) / 1000 + (waited_ms / 1000) + clock.elapsed_s
+    return _deliver(device, process, documents, say, job.run_id, result, virtual_s)
+
+
+def _profile_of(device: EmulatedDevice, run_id: int) -> tuple[DeviceProfile, int]:
+    """The profile the run is timed with, and the dispatch ops the agent assigned it."""
+    assigned, dispatch_ops = device.assigned_timing.pop(run_id, (None, 0))
+    profile = get_profile(device.identity.device_class)
+    if assigned is not None and assigned.device_class == profile.device_class:
+        profile = assigned  # the server's current (calibrated) profile, as predictions use
+    return profile, dispatch_ops
+
+
+def _clock(
+    device: EmulatedDevice,
+    job: HarnessJob,
+    profile: DeviceProfile,
+    tokens: TokenSource | None,
+    dispatch_ops: int,
+    thermal_start: ThermalState,
+) -> tuple[RunNoise, RooflineClock]:
+    """The run's noise and its roofline clock."""
+    # The run's thermal slow-down starts from the state it starts in (read once, by the caller).
+    noise = RunNoise.for_run(profile, device.timing, device.udid, job.run_id, thermal_start.value)
+    clock = RooflineClock(
+        profile,
+        job.bytes_per_token,
+        noise,
+        prompt_seed(job.run_id, device.udid, 0),
+        tokens,
+        dispatch_ops,
+    )
+    return noise, clock
+
+
+def _deliver(
+    device: EmulatedDevice,
+    process: AppProcess,
+    documents: Path,
+    say: HarnessLog,
+    run_id: int,
+    result: RunResult,
+    virtual_s: float,
+) -> tuple[str, str]:
+    """Wait out the run's (scaled) time, unless the app is killed first, then write its results
+    and the done marker."""
     wall_s = virtual_s * device.time_scale
     if device.faults.take(FaultKind.slow):
-        say(f"run {job.run_id}: running slowly (thermal throttling?)")
+        say(f"run {run_id}: running slowly (thermal throttling?)")
         wall_s += device.slow_s
     if process.kill.wait(wall_s):
-        say(f"run {job.run_id}: terminated before finishing")
+        say(f"run {run_id}: terminated before finishing")
         return "killed", process.exit_reason or "killed"
     data = result.model_dump_json(indent=1).encode()
     partial = documents / (RESULTS_FILE + PARTIAL_SUFFIX)
     partial.write_bytes(data)
     partial.replace(documents / RESULTS_FILE)
-    _finish(documents, DoneMarker(run_id=job.run_id, ok=True, results_sha256=results_digest(data)))
-    say(f"run {job.run_id}: done, {virtual_s:.2f} s emulated")
+    _finish(documents, DoneMarker(run_id=run_id, ok=True, results_sha256=results_digest(data)))
+    say(f"run {run_id}: done, {virtual_s:.2f} s emulated")
     return "exited", "exit code 0"
 
 
