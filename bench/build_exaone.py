@@ -67,7 +67,7 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     from decodebench.contracts.presets import get_preset
     from decodebench.contracts.recipes import parse_recipe
     from decodebench.formats.coreml import compat
-    from decodebench.formats.coreml.convert import _input_types, _state_types
+    from decodebench.formats.coreml.interface import input_types, state_types
     from decodebench.formats.coreml.quant.apply import QuantPlan
     from decodebench.formats.coreml.quant.plain import optimize_plain
     from decodebench.modeling import build_model, step_inputs
@@ -95,9 +95,9 @@ def plain(out: Path, model_name: str, context: int, top: int) -> dict:
     lap("trace")
     mlmodel = ct.convert(
         traced,
-        inputs=_input_types(model),
+        inputs=input_types(model),
         outputs=[ct.TensorType(name="logits", dtype=np.float16)],
-        states=_state_types(model),
+        states=state_types(model),
         convert_to="mlprogram",
         minimum_deployment_target=ct.target.iOS18,
         compute_precision=ct.precision.FLOAT16,

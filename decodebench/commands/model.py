@@ -102,10 +102,17 @@ def cmd_upload(args: argparse.Namespace) -> int:
         print(f"decodebench model upload: error: {error}", file=sys.stderr)
         return 2
     print(
-        f"{model.name}: {model.kind.value}, {model.architecture or 'package'}, "
+        f"{model.name}: {_kind_text(model)}, {model.architecture or 'architecture not read'}, "
         f"{model.total_bytes:,} bytes, content {model.content_sha256[:16]}"
     )
     return 0
+
+
+def _kind_text(model: Any) -> str:
+    """``coreml package`` for a package, the kind alone for a checkpoint."""
+    if model.format is not None:
+        return f"{model.format.value} {model.kind.value}"
+    return model.kind.value
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -121,7 +128,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 2
     for model in models:
         print(
-            f"{model.name:<32} {model.kind.value:<9} {model.architecture or '-':<20} "
+            f"{model.name:<32} {_kind_text(model):<16} {model.architecture or '-':<20} "
             f"{model.total_bytes:>14,} B  {model.content_sha256[:16]}"
         )
     return 0

@@ -52,7 +52,7 @@ def test_a_doctor_job_cures_a_package_through_a_killed_worker(
     capsys.readouterr()
     user = ["--server", stack.server_url, "--token", stack.tokens["user"]]
     assert main(["model", "upload", str(package), "--name", "massive", *user]) == 0
-    assert "massive: mlpackage" in capsys.readouterr().out
+    assert "massive: coreml package" in capsys.readouterr().out
     # Its checkpoint, with SmolLM2's tokenizer: named as the job's tokenizer, its transformers
     # fp32 decodes the prompts too.
     from decodebench.building.realmodels import fetch_model

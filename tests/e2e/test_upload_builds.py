@@ -144,7 +144,7 @@ def test_uploaded_model_and_package_build_and_run(
         capsys.readouterr()
         assert main(["model", "upload", str(package), "--name", "mine", "--server",
                      stack.server_url, "--token", stack.tokens["user"]]) == 0  # fmt: skip
-        assert "mine: mlpackage" in capsys.readouterr().out
+        assert "mine: coreml package" in capsys.readouterr().out
         submitted = client.submit_sweep({
             "model": "upload:tiny",
             "variants": [{"package": "mine", "context": 128},

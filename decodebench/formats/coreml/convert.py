@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Protocol
 
 import coremltools as ct
-import numpy as np
 import torch
 from coremltools.converters.mil.converter import MILProtoBackend
 from coremltools.converters.mil.mil import Program
@@ -52,7 +51,7 @@ from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipeline, Pa
 from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.proto import Model_pb2
 
-from decodebench.contracts.domain import KVCache, VariantSpec
+from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import (
     METADATA_CONTEXT,
     METADATA_SLIDING_CACHES,
@@ -60,6 +59,7 @@ from decodebench.contracts.names import (
 )
 from decodebench.contracts.presets import ModelConfig
 from decodebench.formats.coreml import compat
+from decodebench.formats.coreml.interface import input_types, output_types, state_types
 from decodebench.formats.coreml.quant.apply import QuantPlan, apply_plan
 from decodebench.modeling import DecodeStepModel, example_inputs
 from decodebench.modeling.families import family_for
@@ -147,9 +147,9 @@ class CoreMLToolsConverter:
         with stages.stage("convert"), _validating_once_per_pipeline(), _self_equal_for_free():
             program = ct.convert(
                 traced,
-                inputs=_input_types(model),
-                outputs=_output_types(model),
-                states=_state_types(model),
+                inputs=input_types(model),
+                outputs=output_types(model),
+                states=state_types(model),
                 convert_to="milinternal",
                 minimum_deployment_target=ct.target.iOS18,
                 compute_precision=ct.precision.FLOAT16,
@@ -370,45 +370,6 @@ def _check_matches(model: DecodeStepModel, config: ModelConfig, variant: Variant
             f"model keeps its KV cache as {model.kv.value} but the variant asks for "
             f"{variant.kv.value}"
         )
-
-
-def _input_types(model: DecodeStepModel) -> list[ct.TensorType]:
-    # Names must match the traced forward's argument order.
-    length = model.query_length
-    types = [
-        ct.TensorType(name="input_ids", shape=(1, length), dtype=np.int32),
-        ct.TensorType(name="position", shape=(1,), dtype=np.int32),
-    ]
-    if length == 1:
-        types.append(
-            ct.TensorType(name="causal_mask", shape=(1, 1, 1, model.context), dtype=np.float16)
-        )
-    if model.kv == KVCache.input:
-        types += [
-            ct.TensorType(name=name, shape=model.cache_shape(number // 2), dtype=np.float16)
-            for number, name in enumerate(model.cache_names())
-        ]
-    return types
-
-
-def _output_types(model: DecodeStepModel) -> list[ct.TensorType]:
-    outputs = [ct.TensorType(name="logits", dtype=np.float16)]
-    if model.kv == KVCache.input:
-        outputs += [ct.TensorType(name=name, dtype=np.float16) for name in model.new_kv_names()]
-    return outputs
-
-
-def _state_types(model: DecodeStepModel) -> list[ct.StateType]:
-    if model.kv != KVCache.state:
-        return []
-    # Core ML states are fp16 only; the names tie each state to its torch buffer.
-    return [
-        ct.StateType(
-            wrapped_type=ct.TensorType(shape=model.cache_shape(number // 2), dtype=np.float16),
-            name=name,
-        )
-        for number, name in enumerate(model.cache_names())
-    ]
 
 
 DEFAULT_CONVERTER: Converter = CoreMLToolsConverter()

@@ -148,7 +148,7 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
 
     from decodebench.contracts.recipes import parse_recipe
     from decodebench.formats.coreml import compat
-    from decodebench.formats.coreml.convert import _input_types, _output_types, _state_types
+    from decodebench.formats.coreml.interface import input_types, output_types, state_types
     from decodebench.formats.coreml.quant.apply import QuantPlan
     from decodebench.formats.coreml.quant.plain import (
         compare_weights,
@@ -171,8 +171,8 @@ def test_fast_pipeline_builds_what_plain_coremltools_builds(
     traced = compat.trace(model, example_inputs(model))
     model.reset_cache()
     plain = ct.convert(
-        traced, inputs=_input_types(model), outputs=_output_types(model),
-        states=_state_types(model), convert_to="mlprogram",
+        traced, inputs=input_types(model), outputs=output_types(model),
+        states=state_types(model), convert_to="mlprogram",
         minimum_deployment_target=ct.target.iOS18, compute_precision=ct.precision.FLOAT16,
         skip_model_load=True,
     )  # fmt: skip
