@@ -78,10 +78,15 @@ def installed_code() -> str:
     return code_fingerprint()
 
 
-def installed_toolchain() -> dict[str, str]:
-    """The installed versions, read from package metadata (nothing heavy is imported), and the
-    fingerprint of the building code."""
-    versions = {package: _installed(package) for package in TOOLCHAIN_PACKAGES}
+# A format's own toolchain beside torch (Core ML's is TOOLCHAIN_PACKAGES, unchanged).
+FORMAT_TOOLCHAINS = {"coreai": ("decodebench", "torch", "coreai-core", "coreai-torch")}
+
+
+def installed_toolchain(format_name: str = "coreml") -> dict[str, str]:
+    """The installed versions that key a build in ``format_name``, read from package metadata
+    (nothing heavy is imported), and the fingerprint of the building code."""
+    packages = FORMAT_TOOLCHAINS.get(format_name, TOOLCHAIN_PACKAGES)
+    versions = {package: _installed(package) for package in packages}
     return {**versions, CODE_KEY: installed_code()}
 
 

@@ -225,7 +225,12 @@ def test_no_modules_import_each_other_in_a_circle(graph: dict[str, set[str]]) ->
 
 
 # Each model format's SDK, and the one folder that may import it.
-FORMAT_SDKS = {"coremltools": "decodebench.formats.coreml"}
+FORMAT_SDKS = {
+    "coremltools": "decodebench.formats.coreml",
+    "coreai": "decodebench.formats.coreai",
+    "coreai_torch": "decodebench.formats.coreai",
+    "coreai_opt": "decodebench.formats.coreai",
+}
 
 
 def test_only_a_formats_own_folder_imports_its_sdk(external: dict[str, set[str]]) -> None:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from decodebench.analysis.copies import redundant_copies
+from decodebench.analysis.copies import is_replication, redundant_copies
 from decodebench.analysis.graph import AnalysisError, Graph, ProgramGraph
 from decodebench.analysis.traffic import (
     dispatch_ops,
@@ -120,18 +120,23 @@ def sliding_window_saving(
     )
 
 
-def analyze_mlpackage(path: Path | str, format_name: str = "coreml") -> GraphAnalysis:
-    """Analyse a saved package (a ``.mlpackage`` by default) without loading its weights or
-    running it."""
+def analyze_mlpackage(path: Path | str, format_name: str | None = None) -> GraphAnalysis:
+    """Analyse a saved package (of the format its name says: ``.aimodel`` is Core AI, else
+    Core ML) without loading its weights or running it."""
     return analyze_graphs(path, format_name)[0]
 
 
+def format_of(path: Path | str) -> str:
+    """The format a package's name says: ``.aimodel`` is Core AI, anything else Core ML."""
+    return "coreai" if Path(path).suffix == ".aimodel" else "coreml"
+
+
 def analyze_graphs(
-    path: Path | str, format_name: str = "coreml"
+    path: Path | str, format_name: str | None = None
 ) -> tuple[GraphAnalysis, dict[str, Graph]]:
     """The analysis and the function graphs it read, for a caller that reads them further
     (:func:`decodebench.doctor.waste.find_waste`) without parsing the program again."""
-    program = get_format(format_name).read_graph(Path(path))
+    program = get_format(format_name or format_of(path)).read_graph(Path(path))
     return analyze_program(program), program.functions
 
 
@@ -152,7 +157,7 @@ def analyze_program(program: ProgramGraph) -> GraphAnalysis:
         )
         for graph in graphs.values()
         for operation in graph.operations
-        if operation.type == "tile"
+        if is_replication(graph, operation)
         for name in operation.outputs
     ]
     copies = redundant_copies(decode)
@@ -182,7 +187,7 @@ def analyze_program(program: ProgramGraph) -> GraphAnalysis:
         dispatch_ops=dispatch_ops(decode),
         op_counts=dict(op_counts.most_common()),
         unknown_ops={op: count for op, count in op_counts.items() if op not in program.known_ops},
-        tile_ops=op_counts.get("tile", 0),
+        tile_ops=len(tiles),
         tile_output_bytes=sum(tile.bytes for tile in tiles),
         tiles=tiles,
         redundant_ops=copies,

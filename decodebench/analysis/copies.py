@@ -3,6 +3,8 @@
 Five kinds, from the shapes and constants of the program:
 
 - ``tile``: always a copy (``expand`` + ``reshape`` of a stride-0 view converts to it);
+- ``broadcast_in_dims``: Core AI's form of the same replication, when it makes floating-point
+  data bigger (an integer index broadcast is address arithmetic, not a copy of data);
 - ``repeat_concat``: a ``concat`` of one tensor with itself (``cat([k] * G)``), views skipped;
 - ``repeat_gather``: a ``gather`` of an activation with repeated constant indices that makes
   it bigger;
@@ -96,10 +98,24 @@ def _moves_data(shape: list[int], permutation: np.ndarray) -> bool:
     return order != sorted(order)
 
 
+def is_replication(graph: Graph, operation: Op) -> bool:
+    """A ``tile``, or a ``broadcast_in_dims`` that makes floating-point data bigger: the op
+    that replicates the KV heads under ``repeat_kv`` in Core ML and in Core AI."""
+    if operation.type == "tile":
+        return True
+    if operation.type != "broadcast_in_dims" or not operation.outputs:
+        return False
+    data = graph.argument_name(operation, "x")
+    made = graph.elements_of(operation.outputs[0]) or 0
+    return graph.tensor(data).dtype.startswith(("float", "bfloat")) and made > (
+        graph.elements_of(data) or made
+    )
+
+
 def _copied_input(graph: Graph, operation: Op) -> tuple[str, str | None] | None:
     """(kind, copied input) when ``operation`` is a pure copy, else None."""
-    if operation.type == "tile":
-        return "tile", graph.argument_name(operation, "x")
+    if is_replication(graph, operation):
+        return operation.type, graph.argument_name(operation, "x")
     if operation.type == "concat":
         repeated = _repeats_its_input(graph, operation)
         return ("repeat_concat", repeated) if repeated else None
@@ -113,6 +129,9 @@ def _copied_input(graph: Graph, operation: Op) -> tuple[str, str | None] | None:
         data = graph.argument_name(operation, "x")
         shape, permutation = graph.shape_of(data), graph.constant(operation, "perm")
         large = graph.bytes_of(operation.outputs[0]) >= LARGE_TRANSPOSE_BYTES
+        # A transposed weight is laid out once, when the program is compiled for the device.
+        if data is not None and _is_constant(graph, data):
+            return None
         if large and shape is not None and permutation is not None:
             if len(shape) == permutation.size and _moves_data(shape, permutation):
                 return "transpose", data

@@ -117,7 +117,7 @@ def _build(
     recipe = parse_recipe(variant.quant)
     source.prepare()
     identity = source.identity((cache.root if cache else out_dir) / "fingerprints.json")
-    toolchain = toolchain_versions(converter if source.converts else None)
+    toolchain = toolchain_versions(converter if source.converts else None, variant.format)
     key = request_key(identity, variant, toolchain)
     store = cache if source.cached else None
     found = find_build(out_dir, key, store)

@@ -58,12 +58,20 @@ def read_report(out_dir: Path) -> BuildReport | None:
     A report this version cannot read counts as absent: the build is simply made again.
     """
     report_path = out_dir / REPORT_NAME
-    if not report_path.is_file() or not (out_dir / PACKAGE_NAME / "Manifest.json").is_file():
+    if not report_path.is_file():
         return None
     try:
-        return BuildReport.model_validate_json(report_path.read_bytes())
+        report = BuildReport.model_validate_json(report_path.read_bytes())
     except ValidationError:
         return None
+    return report if _package_complete(out_dir / report.package) else None
+
+
+def _package_complete(package: Path) -> bool:
+    """A Core ML package has its manifest; a Core AI asset its program (and its hash)."""
+    if package.suffix == ".aimodel":
+        return (package / "main.mlirb").is_file() and (package / "main.hash").is_file()
+    return package.name == PACKAGE_NAME and (package / "Manifest.json").is_file()
 
 
 def find_build(out_dir: Path, key: str, cache: BuildCache | None) -> BuildReport | None:
@@ -94,7 +102,8 @@ class BuildCache:
             return
         staging = entry.with_name(f".{key}.{os.getpid()}.partial")
         shutil.rmtree(staging, ignore_errors=True)
-        _link_tree(out_dir / PACKAGE_NAME, staging / PACKAGE_NAME)
+        package = _package_of(out_dir)
+        _link_tree(out_dir / package, staging / package)
         shutil.copy2(out_dir / REPORT_NAME, staging / REPORT_NAME)
         entry.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(entry, ignore_errors=True)
@@ -132,15 +141,24 @@ class BuildCache:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging = out_dir / f".restoring-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        _link_tree(self.entry(key) / PACKAGE_NAME, staging / PACKAGE_NAME)
+        package = report.package
+        _link_tree(self.entry(key) / package, staging / package)
         (out_dir / REPORT_NAME).unlink(missing_ok=True)
-        target = out_dir / PACKAGE_NAME
+        target = out_dir / package
         if target.exists():
             shutil.rmtree(target)
-        os.replace(staging / PACKAGE_NAME, target)
+        os.replace(staging / package, target)
         staging.rmdir()
         shutil.copy2(self.entry(key) / REPORT_NAME, out_dir / REPORT_NAME)
         return report
+
+
+def _package_of(out_dir: Path) -> str:
+    """The package a finished build in ``out_dir`` holds, as its report names it."""
+    try:
+        return str(json.loads((out_dir / REPORT_NAME).read_text()).get("package") or PACKAGE_NAME)
+    except (OSError, ValueError):
+        return PACKAGE_NAME
 
 
 def _link_tree(source: Path, target: Path) -> None:

@@ -27,8 +27,10 @@ from decodebench.building.cache import (
 )
 from decodebench.contracts.build import BuildReport, QuantSummary
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.names import ARTIFACT_NAMES, DEFAULT_FORMAT
 from decodebench.contracts.presets import ModelConfig, get_preset
 from decodebench.contracts.recipes import TARGETS, QuantRecipe
+from decodebench.formats import get_format
 from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:
@@ -85,10 +87,12 @@ class StageClock:
         self._report(name, self._done)
 
 
-def toolchain_versions(converter: Converter | None = None) -> dict[str, str]:
+def toolchain_versions(
+    converter: Converter | None = None, format_name: str = "coreml"
+) -> dict[str, str]:
     """What makes an artifact reproducible: our own version plus the converter's."""
-    installed = installed_toolchain()
-    if converter is None:
+    installed = installed_toolchain(format_name)
+    if converter is None or format_name != "coreml":
         return installed
     return {
         "decodebench": installed["decodebench"],
@@ -161,7 +165,7 @@ class Job:
             toolchain=self.toolchain,
             stage_seconds=self.clock.seconds,
             peak_rss_bytes=peak_rss_bytes(),
-            package=PACKAGE_NAME,
+            package=ARTIFACT_NAMES[self.variant.format],
             analysis=analysis,
             model_identity=self.identity,
             functions=analysis.functions,
@@ -174,6 +178,8 @@ def convert_job(
 ) -> BuildReport:
     """Sensitivity, conversion, quantization, the finite check and the analysis of a loaded
     decoder (``torch_model``, fp16, built for ``config``) into ``job.out_dir``."""
+    if job.variant.format != DEFAULT_FORMAT:
+        return convert_in_format(job, config, torch_model, weights)
     from decodebench.building.ranking import sensitivity_report
     from decodebench.formats.coreml.convert import DEFAULT_CONVERTER, PREFILL_FUNCTION, Conversion
     from decodebench.formats.coreml.quant.apply import QuantPlan
@@ -232,13 +238,60 @@ def convert_job(
     )
 
 
-# Decode steps the publish check runs after its prompt: enough to exercise the cache it wrote.
+def convert_in_format(
+    job: Job, config: ModelConfig, torch_model: Any, weights: Path | None
+) -> BuildReport:
+    """The build of a variant in a format other than Core ML, through the format seam: convert
+    into a staged package, the finite check on the format's engine, the analysis."""
+    if not job.recipe.is_fp16:
+        raise BuildError(
+            f"quant: a {job.variant.format} build is fp16 for now, not {job.variant.quant}"
+        )
+    model_format = get_format(job.variant.format)
+    clock, variant = job.clock, job.variant
+    functions = {"main": torch_model}
+    if variant.prefill_chunk is not None:
+        functions["prefill"] = torch_model.sibling(variant.prefill_chunk)
+    del torch_model
+    package = job.out_dir / model_format.artifact_name
+    (job.out_dir / REPORT_NAME).unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(dir=job.out_dir, prefix=".building-") as staging:
+        staged = Path(staging) / model_format.artifact_name
+        try:
+            model_format.build_package(functions, config, variant, staged, None, clock)
+        except ValueError as error:
+            raise BuildError(str(error)) from None
+        with clock.stage("check_finite"):
+            check_finite_decode(staged, variant.format)
+        replace_directory(staged, package)
+    with clock.stage("analyse"):
+        analysis = analyze_mlpackage(package, variant.format)
+    return job.report(config, analysis, weights_path=str(weights) if weights is not None else None)
+
+
+# The publish check's prompt (as the Core ML check's) and its decode steps after it: enough to
+# exercise the cache it wrote.
+DEFAULT_FINITE_PROMPT = (1, 2, 3, 4)
 FINITE_CHECK_STEPS = 2
 
 
-def check_finite_decode(package: Path) -> None:
+def check_finite_decode(package: Path, format_name: str = DEFAULT_FORMAT) -> None:
     """Refuse a package whose decode, run in the reference interpreter on one prompt, makes a
     non-finite value (an fp16 overflow would make the device decode garbage)."""
+    if format_name != DEFAULT_FORMAT:
+        from decodebench.formats.seam import NonFiniteValue
+
+        session = get_format(format_name).open_engine(package)
+        try:
+            *prompt, last = DEFAULT_FINITE_PROMPT
+            session.prefill(prompt)
+            token, position = last, len(prompt)
+            for _ in range(FINITE_CHECK_STEPS):
+                token = session.next_token(token, position)
+                position += 1
+        except NonFiniteValue as error:
+            raise BuildError(f"not published: the decode is not finite: {error}") from None
+        return
     from decodebench.building.agreement import PackageDecoder
     from decodebench.formats.coreml.defaults import DEFAULT_PROMPT
     from decodebench.formats.coreml.interpreter import NonFiniteError

@@ -35,7 +35,18 @@ def register(subparsers: Any) -> None:
         "Qwen3, Phi-3, Gemma 3; dequantized once into the cache)",
     )
     build.add_argument("--attention", choices=[a.value for a in Attention], default="folded")
-    build.add_argument("--kv", choices=[k.value for k in KVCache], default="state")
+    build.add_argument(
+        "--format",
+        choices=["coreml", "coreai"],
+        default="coreml",
+        help="model format: coreml (model.mlpackage) or coreai (model.aimodel, Core AI)",
+    )
+    build.add_argument(
+        "--kv",
+        choices=[k.value for k in KVCache],
+        default=None,
+        help="KV cache as states or as inputs (default: state; input for coreai)",
+    )
     build.add_argument(
         "--kv-window",
         action="store_true",
@@ -49,7 +60,9 @@ def register(subparsers: Any) -> None:
         default="fp16",
         help="recipe: fp16, w8, w4, base, topK, or rules like ffn=int4/32",
     )
-    build.add_argument("--out", required=True, help="output folder (model.mlpackage, build.json)")
+    build.add_argument(
+        "--out", required=True, help="output folder (model.mlpackage or model.aimodel, build.json)"
+    )
     build.add_argument("--no-cache", action="store_true", help="neither reuse nor store builds")
     build.add_argument(
         "--cache-dir", default=None, help="build cache (default ~/.cache/decodebench)"
@@ -71,8 +84,9 @@ def _variant(args: argparse.Namespace) -> VariantSpec:
 
     try:
         return VariantSpec(
+            format=args.format,
             attention=args.attention,
-            kv=args.kv,
+            kv=KVCache(args.kv or ("input" if args.format == "coreai" else "state")),
             kv_window=args.kv_window,
             context=args.context,
             prefill_chunk=args.prefill_chunk,
@@ -122,10 +136,12 @@ def cmd_build(args: argparse.Namespace) -> int:
             fingerprint = weights_fingerprint(weights, memo)
         except WeightsError as error:
             raise CliError(f"--weights: {error}") from None
-    key = request_key(model_identity(model, fingerprint), variant, installed_toolchain())
+    key = request_key(
+        model_identity(model, fingerprint), variant, installed_toolchain(variant.format)
+    )
     hit = find_build(out_dir, key, cache)
     if hit is not None:
-        print(f"cache hit {key[:12]}: {out_dir / 'model.mlpackage'} ({_summary(hit)})")
+        print(f"cache hit {key[:12]}: {out_dir / hit.package} ({_summary(hit)})")
         return 0
 
     from decodebench.building.build import BuildError, build_variant
@@ -139,7 +155,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     except (BuildError, WeightsError) as error:
         raise CliError(str(error)) from None
     print(
-        f"built {out_dir / 'model.mlpackage'} in {report.wall_seconds:.1f}s "
+        f"built {out_dir / report.package} in {report.wall_seconds:.1f}s "
         f"(key {report.key[:12]}): {_summary(report)}"
     )
     return 0

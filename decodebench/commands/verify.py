@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 AGREE, DIVERGE, ERROR = 0, 1, 2
 
@@ -74,9 +75,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         mapping = load_mapping(args.inputs) if args.inputs else None
         with quiet_coremltools():
-            result = verify_packages(
-                args.a, args.b, args.steps, _prompt(args.prompt), mapping, args.atol, args.rtol
-            )
+            if any(Path(path).suffix == ".aimodel" for path in (args.a, args.b)):
+                result = _verify_any_format(args, mapping)
+            else:
+                result = verify_packages(
+                    args.a, args.b, args.steps, _prompt(args.prompt), mapping, args.atol,
+                    args.rtol,
+                )  # fmt: skip
     except (MilError, ValueError) as error:
         print(f"decodebench verify: error: {error}", file=sys.stderr)
         if args.json:
@@ -87,6 +92,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(render(result))
     return AGREE if result.agree else DIVERGE
+
+
+def _verify_any_format(args: argparse.Namespace, mapping: Any) -> Any:
+    """Two packages of which one at least is a Core AI asset: each decoded on its format's
+    engine (a Core AI asset on the project's engine), compared step by step as any two."""
+    from decodebench.formats import get_format
+    from decodebench.formats.coreml.inputs import DecodeInterface, MappingFile
+    from decodebench.formats.coreml.verify import compare_sessions, open_session
+
+    sessions = []
+    programs: list[tuple[Literal["a", "b"], str]] = [("a", args.a), ("b", args.b)]
+    for label, path in programs:
+        if Path(path).suffix == ".aimodel":
+            session: Any = get_format("coreai").open_engine(Path(path), str(path))
+            session.interface = DecodeInterface(**session.interface_fields())
+        else:
+            session = open_session(path, (mapping or MappingFile()).for_program(label), str(path))
+        sessions.append(session)
+    return compare_sessions(
+        sessions[0], sessions[1], args.steps, _prompt(args.prompt), args.atol, args.rtol,
+        labels=(str(args.a), str(args.b)),
+    )  # fmt: skip
 
 
 def render(result: Any) -> str:

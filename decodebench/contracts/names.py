@@ -81,12 +81,13 @@ class FormatName(StrEnum):
     """A model format a variant is built in and an uploaded package is in (its code:
     ``decodebench/formats/<name>/``)."""
 
-    coreml = "coreml"
+    coreml = "coreml"  # Core ML: an .mlpackage ML program
+    coreai = "coreai"  # Core AI (iOS/macOS 27): an .aimodel asset
 
 
 DEFAULT_FORMAT = FormatName.coreml
 # Each format's package file name inside a build and on the phone.
-ARTIFACT_NAMES = {FormatName.coreml: "model.mlpackage"}
+ARTIFACT_NAMES = {FormatName.coreml: "model.mlpackage", FormatName.coreai: "model.aimodel"}
 
 # Files of a build and of a run, on disk, in the artifact store and on the phone.
 PACKAGE_NAME = ARTIFACT_NAMES[DEFAULT_FORMAT]

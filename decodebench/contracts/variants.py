@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 from enum import StrEnum
+from typing import Any
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
@@ -103,6 +104,14 @@ class VariantSpec(Incoming):
         if value is not None and not MODEL_NAME.match(value):
             raise ValueError("must be 1-48 characters of letters, digits, '.', '_' or '-'")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _core_ai_keeps_kv_as_inputs(cls, data: Any) -> Any:
+        # A Core AI build passes its KV cache in and out (K/V as Core AI states: not yet).
+        if isinstance(data, dict) and data.get("format") == "coreai" and data.get("kv") is None:
+            return {**data, "kv": "input"}
+        return data
 
     @model_validator(mode="after")
     def _package_decides_the_graph(self) -> VariantSpec:

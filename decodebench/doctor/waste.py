@@ -36,7 +36,7 @@ from decodebench.formats import get_format
 
 LM_HEAD_SHARE = 0.25
 PALETTE_BITS = 6
-REPLICATIONS = ("tile", "repeat_concat", "repeat_gather")
+REPLICATIONS = ("tile", "broadcast_in_dims", "repeat_concat", "repeat_gather")
 FLOATS = ("float16", "float32")
 
 

@@ -2,8 +2,10 @@
 
 ``coreml/`` is Core ML (``.mlpackage`` ML programs): converting a transformers model with
 coremltools, quantizing, reading the graph, the reference interpreter that runs a program on
-Linux, decode sessions and verify, the GQA fold and the converter workarounds. Only modules under
-``decodebench/formats/coreml/`` import coremltools; ``tests/test_architecture.py`` holds that rule.
+Linux, decode sessions and verify, the GQA fold and the converter workarounds. ``coreai/`` is
+Core AI (``.aimodel`` assets): conversion with coreai-torch, the graph reader, the project's
+engine and Apple's runtime as its arbiter. Only a format's own folder imports its SDK;
+``tests/test_architecture.py`` holds that rule.
 
 What a format implements is :class:`decodebench.formats.seam.ModelFormat`; :func:`get_format`
 finds one by name, importing its folder only then (format SDKs are heavy and the CLI imports
@@ -20,7 +22,10 @@ if TYPE_CHECKING:
 
 DEFAULT_FORMAT = "coreml"
 # Each format's name and the module whose FORMAT implements it.
-FORMATS = {"coreml": "decodebench.formats.coreml.format"}
+FORMATS = {
+    "coreml": "decodebench.formats.coreml.format",
+    "coreai": "decodebench.formats.coreai.format",
+}
 
 
 class UnknownFormat(ValueError):

@@ -20,6 +20,19 @@ import numpy as np
 from decodebench.analysis.graph import ProgramGraph
 
 
+class NonFiniteValue(ValueError):
+    """An op of a format's engine produced NaN, or an infinity none of its inputs held (an fp16
+    overflow); ``op_name`` and ``op_type`` name it, ``function`` the program's function."""
+
+    def __init__(
+        self, message: str, op_name: str, op_type: str, function: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.op_name = op_name
+        self.op_type = op_type
+        self.function = function
+
+
 class StageRecorder(Protocol):
     """Receives the named stages of a conversion (for timings and progress)."""
 

@@ -52,17 +52,12 @@ from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
 from coremltools.proto import Model_pb2
 
 from decodebench.contracts.domain import VariantSpec
-from decodebench.contracts.names import (
-    METADATA_CONTEXT,
-    METADATA_SLIDING_CACHES,
-    METADATA_SLIDING_WINDOW,
-)
 from decodebench.contracts.presets import ModelConfig
 from decodebench.formats.coreml import compat
 from decodebench.formats.coreml.interface import input_types, output_types, state_types
 from decodebench.formats.coreml.quant.apply import QuantPlan, apply_plan
+from decodebench.formats.metadata import build_metadata
 from decodebench.modeling import DecodeStepModel, example_inputs
-from decodebench.modeling.families import family_for
 
 DECODE_FUNCTION = "main"
 PREFILL_FUNCTION = "prefill"
@@ -280,19 +275,7 @@ def _quantize(program: Program, plan: QuantPlan | None, stages: StageRecorder) -
 
 
 def package_metadata(conversion: Conversion) -> dict[str, str]:
-    """What the analysis cannot read off the graph: the context, and the window and caches of
-    sliding-window layers (none without them)."""
-    config, variant = conversion.config, conversion.variant
-    family = family_for(config)
-    sliding = [index for index in range(config.num_layers) if family.sliding(config, index)]
-    if not sliding or config.sliding_window is None:
-        return {}
-    names = [f"{kind}_cache_{index}" for index in sliding for kind in ("key", "value")]
-    return {
-        METADATA_CONTEXT: str(variant.context),
-        METADATA_SLIDING_WINDOW: str(config.sliding_window),
-        METADATA_SLIDING_CACHES: ",".join(names),
-    }
+    return build_metadata(conversion.config, conversion.variant)
 
 
 def _restore_metadata(path: Path, metadata: dict[str, str]) -> None:

@@ -15,6 +15,7 @@ from coremltools.converters.mil.mil import types
 
 from decodebench.formats.coreml.plan import Step
 from decodebench.formats.coreml.program import MilError
+from decodebench.formats.seam import NonFiniteValue
 
 _SUB_BYTE = {"int4": np.int8, "uint1": np.uint8, "uint2": np.uint8, "uint3": np.uint8}
 _SUB_BYTE |= {"uint4": np.uint8, "uint6": np.uint8}
@@ -28,16 +29,13 @@ class InterpreterError(MilError):
     """An op failed, or produced something other than what the program declares."""
 
 
-class NonFiniteError(InterpreterError):
+class NonFiniteError(InterpreterError, NonFiniteValue):
     """An op produced NaN, or an infinity none of its inputs held (an fp16 overflow)."""
 
     def __init__(
         self, message: str, op_name: str, op_type: str, function: str | None = None
     ) -> None:
-        super().__init__(message)
-        self.op_name = op_name
-        self.op_type = op_type
-        self.function = function  # the program's function that produced it, when known
+        NonFiniteValue.__init__(self, message, op_name, op_type, function)
 
 
 @dataclass(frozen=True)

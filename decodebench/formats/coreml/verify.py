@@ -33,6 +33,7 @@ from decodebench.formats.coreml.inputs import DecodeInterface, InputMapping, Map
 from decodebench.formats.coreml.interpreter import Interpreter, NonFiniteError
 from decodebench.formats.coreml.program import MilError, load_package
 from decodebench.formats.coreml.session import DecodeSession, Session, chunk_feed, prefill_chunk
+from decodebench.formats.seam import NonFiniteValue
 
 # Where the decode loops lived before decodebench.formats.coreml.session; importers keep working.
 __all__ = [
@@ -155,7 +156,7 @@ def compare_sessions(
                 else _finite_step(session, label, token, position)
                 for row, session, label in zip(rows, (a, b), labels, strict=True)
             )
-        except NonFiniteError as error:
+        except NonFiniteValue as error:  # any format's engine
             non_finite = str(error)
             breaches.append(True)
             break
@@ -234,7 +235,7 @@ def _finite_step(session: Session, label: str, token: int, position: int) -> np.
     """One step's logits; NonFiniteError naming the program if an op or a logit is not finite."""
     try:
         logits = session.step(token, position)
-    except NonFiniteError as error:
+    except NonFiniteValue as error:
         raise NonFiniteError(
             f"{label}: {error}", error.op_name, error.op_type, error.function
         ) from error
@@ -250,7 +251,7 @@ def _finite_prefill(session: Session, label: str, prompt: Sequence[int]) -> np.n
     """The prompt's logits through the prefill function; NonFiniteError naming the program."""
     try:
         rows = session.prefill(prompt)
-    except NonFiniteError as error:
+    except NonFiniteValue as error:
         raise NonFiniteError(
             f"{label}: {error}", error.op_name, error.op_type, error.function
         ) from error

@@ -16,7 +16,9 @@ SDK_WORDS = ("coremltools", "ct.", "MLModel", "_pb2", "mil.")
 
 
 def test_an_unknown_format_is_refused_by_name_with_the_known_ones() -> None:
-    with pytest.raises(UnknownFormat, match=r"no model format 'onnx': the formats are coreml"):
+    with pytest.raises(
+        UnknownFormat, match=r"no model format 'onnx': the formats are coreai, coreml"
+    ):
         get_format("onnx")
 
 
