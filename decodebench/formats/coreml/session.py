@@ -16,21 +16,13 @@ import numpy as np
 from decodebench.formats.coreml.inputs import DecodeInterface, step_feed
 from decodebench.formats.coreml.interpreter import Interpreter
 from decodebench.formats.coreml.program import MilError
+from decodebench.formats.seam import StepEngine
 
 
-class Session(Protocol):
+class Session(StepEngine, Protocol):
+    """A step engine of the seam that also says how it drives its program."""
+
     interface: DecodeInterface
-
-    @property
-    def has_prefill(self) -> bool: ...
-
-    def reset(self) -> None: ...
-
-    def step(self, token: int, position: int) -> np.ndarray: ...
-
-    def prefill(self, prompt: Sequence[int], start: int = 0) -> np.ndarray: ...
-
-    def next_token(self, token: int, position: int) -> int: ...
 
 
 class DecodeSession:
