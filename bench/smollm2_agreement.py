@@ -9,6 +9,7 @@ its tokens are compared with transformers' fp32 greedy tokens for the same promp
     python -m bench.smollm2_agreement --prompts 5 --variants folded/state repeat_kv/input
     python -m bench.smollm2_agreement --json                # one JSON object
     python -m bench.smollm2_agreement --prompts 2 --quant-only --budget-minutes 20
+    python -m bench.smollm2_agreement --core-ai             # the Core AI builds, on its engine
 
 ``--quant-only`` measures the recipes (w8, w4, base, top8 on folded / state) against the same
 fp32 reference; ``--budget-minutes`` stops starting variants once the budget is spent (those
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 from decodebench.building.agreement import AgreementReport, measure_agreement
-from decodebench.building.build import PACKAGE_NAME, build_variant
+from decodebench.building.build import build_variant
 from decodebench.building.cache import BuildCache
 from decodebench.building.realmodels import fetch_model
 from decodebench.building.reference import reference_outputs
@@ -39,11 +40,17 @@ LAYOUT_VARIANTS = ("repeat_kv/state", "folded/state", "repeat_kv/input", "folded
 QUANT_VARIANTS = ("folded/state/w8", "folded/state/w4", "folded/state/base", "folded/state/top8")
 
 
+CORE_AI_VARIANTS = ("coreai:repeat_kv/input", "coreai:folded/input")
+
+
 def parse_variant(text: str, context: int) -> VariantSpec:
-    attention, kv, *quant = text.split("/")
+    """``folded/state/w8``, or with a format first: ``coreai:folded/input``."""
+    model_format, _, layout = text.rpartition(":")
+    attention, kv, *quant = layout.split("/")
     return VariantSpec(
-        attention=attention, kv=kv, context=context, quant=quant[0] if quant else "fp16"
-    )
+        format=model_format or "coreml", attention=attention, kv=kv, context=context,
+        quant=quant[0] if quant else "fp16",
+    )  # fmt: skip
 
 
 def references(weights: Path, prompts: list[list[int]], steps: int, store: Path) -> list[list[int]]:
@@ -85,11 +92,14 @@ def main() -> int:
     parser.add_argument("--no-cache", action="store_true", help="build every variant afresh")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quant-only", action="store_true", help="w8, w4, base, top8 only")
+    parser.add_argument("--core-ai", action="store_true", help="the Core AI builds only")
     parser.add_argument("--budget-minutes", type=float, default=None)
     parser.add_argument("--answers", action="store_true", help="print diverging answers")
     args = parser.parse_args()
     if args.quant_only:
         args.variants = list(QUANT_VARIANTS)
+    if args.core_ai:
+        args.variants = list(CORE_AI_VARIANTS)
     deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes else None
 
     weights = fetch_model("smollm2-135m")
@@ -107,10 +117,10 @@ def main() -> int:
             continue
         variant = parse_variant(name, args.context)
         started = time.perf_counter()
-        out = work / name.replace("/", "-")
+        out = work / name.replace("/", "-").replace(":", "-")
         with quiet_coremltools():
-            build_variant("smollm2-135m", variant, out, weights=weights, cache=cache)
-            report = measure_agreement(out / PACKAGE_NAME, prompts, expected, args.steps)
+            built = build_variant("smollm2-135m", variant, out, weights=weights, cache=cache)
+            report = measure_agreement(out / built.package, prompts, expected, args.steps)
         rows.append(row(name, report, time.perf_counter() - started))
         if not args.json:
             line = rows[-1]

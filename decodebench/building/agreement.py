@@ -1,5 +1,8 @@
 """Do our packages decode what the fp32 reference decodes? Greedy tokens, prompt by prompt.
 
+A Core AI asset is decoded on its format's engine (:class:`EngineDecoder`); the rest of this
+page is Core ML's.
+
 :class:`PackageDecoder` runs one of decodebench's own packages in the reference interpreter with
 either KV mode: with ``kv="state"`` the cache is the program's states; with ``kv="input"`` this
 host keeps it, feeds it in and writes each step's new K and V (``key_{i}`` / ``value_{i}``) at
@@ -16,12 +19,14 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from decodebench.formats import get_format
 from decodebench.formats.coreml.cache_io import cache_pairs, decode_session
 from decodebench.formats.coreml.inputs import recognise
 from decodebench.formats.coreml.interpreter import Interpreter, NonFiniteError
 from decodebench.formats.coreml.program import MilError, load_package
 from decodebench.formats.coreml.session import Session
 from decodebench.formats.coreml.verify import DecodeSession
+from decodebench.formats.seam import NonFiniteValue, StepEngine
 
 CACHE_PREFIXES = ("key_cache_", "value_cache_")
 
@@ -139,6 +144,37 @@ class AgreementReport(BaseModel):
         return sum(result.matching_prefix for result in self.prompts) / total if total else 0.0
 
 
+class EngineDecoder:
+    """Greedy decoding on any format's step engine (a Core AI asset on the project's engine)."""
+
+    def __init__(self, engine: StepEngine) -> None:
+        self.engine = engine
+
+    def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
+        self.engine.reset()
+        generated: list[int] = []
+        token = prompt[0]
+        for position in range(len(prompt) + steps - 1):
+            logits = self.engine.step(token, position)
+            if not np.isfinite(logits).all():
+                raise NonFiniteValue(
+                    f"non-finite logits at position {position}", "logits", "output"
+                )
+            if position + 1 < len(prompt):
+                token = prompt[position + 1]
+                continue
+            token = int(np.argmax(logits))
+            generated.append(token)
+        return generated
+
+
+def package_decoder(package: Path | str) -> PackageDecoder | EngineDecoder:
+    """The greedy decoder of a package of either format (by its name: ``.aimodel`` is Core AI)."""
+    if Path(package).suffix == ".aimodel":
+        return EngineDecoder(get_format("coreai").open_engine(Path(package)))
+    return PackageDecoder(package)
+
+
 def matching_prefix(left: Sequence[int], right: Sequence[int]) -> int:
     count = 0
     for a, b in zip(left, right, strict=False):
@@ -157,13 +193,13 @@ def measure_agreement(
     """Decode every prompt with ``package`` and compare with its reference tokens."""
     if len(prompts) != len(references):
         raise ValueError(f"{len(prompts)} prompts but {len(references)} reference outputs")
-    decoder = PackageDecoder(package)
+    decoder = package_decoder(package)
     results = []
     for index, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
         non_finite = None
         try:
             tokens = decoder.greedy(prompt, steps)
-        except NonFiniteError as error:
+        except NonFiniteValue as error:
             tokens, non_finite = [], str(error)
         results.append(
             PromptAgreement(

@@ -1,4 +1,5 @@
-"""``decodebench verify A.mlpackage B.mlpackage --steps N``: do two programs decode the same?
+"""``decodebench verify A B --steps N``: do two programs (Core ML or Core AI) decode the same?
+``decodebench verify A [B] --weights DIR``: do they decode transformers fp32's tokens?
 
 Each program's KV cache is its Core ML states or, the older layout, inputs it returns whole,
 updated, as outputs of the same shape (fed back at the next step); the two may differ.
@@ -31,7 +32,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "a", metavar="A.mlpackage", help="first program (its greedy tokens drive both)"
     )
-    parser.add_argument("b", metavar="B.mlpackage", help="second program")
+    parser.add_argument(
+        "b", metavar="B.mlpackage", nargs="?", default=None,
+        help="second program (.mlpackage or .aimodel); optional with --weights",
+    )  # fmt: skip
+    parser.add_argument(
+        "--weights", metavar="DIR", default=None,
+        help="the checkpoint's Hugging Face folder: hold each program to transformers fp32's "
+        "greedy tokens on the chat prompts",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prompts", type=int, default=None,
+        help="with --weights: how many chat prompts (1-30, default 30)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=8, help="tokens to generate (default 8)")
     parser.add_argument(
         "--prompt",
@@ -72,6 +85,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from decodebench.formats.coreml.program import MilError, quiet_coremltools
     from decodebench.formats.coreml.verify import verify_packages
 
+    if args.weights is not None:
+        return _against_the_checkpoint(args)
+    if args.b is None:
+        print("decodebench verify: error: give B, or --weights DIR", file=sys.stderr)
+        return ERROR
     try:
         mapping = load_mapping(args.inputs) if args.inputs else None
         with quiet_coremltools():
@@ -92,6 +110,46 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(render(result))
     return AGREE if result.agree else DIVERGE
+
+
+def _against_the_checkpoint(args: argparse.Namespace) -> int:
+    """Each program's greedy tokens on the chat prompts against transformers fp32's."""
+    import json as json_module
+
+    from decodebench.building.agreement import measure_agreement
+    from decodebench.building.reference import reference_outputs
+    from decodebench.formats.coreml.program import MilError, quiet_coremltools
+    from decodebench.prompts import CHAT_PROMPT_COUNT, chat_prompts, has_tokenizer, prompt_token_ids
+
+    weights = Path(args.weights)
+    try:
+        if not (weights / "config.json").is_file() or not has_tokenizer(weights):
+            raise ValueError(f"--weights: {weights} has no config.json and tokenizer")
+        vocab = int(json_module.loads((weights / "config.json").read_text())["vocab_size"])
+        prompts = prompt_token_ids(chat_prompts(args.prompts or CHAT_PROMPT_COUNT), vocab, weights)
+        references = reference_outputs(weights, prompts, args.steps)
+        with quiet_coremltools():
+            reports = [
+                measure_agreement(path, prompts, references, args.steps)
+                for path in (args.a, args.b)
+                if path is not None
+            ]
+    except (MilError, ValueError, OSError, KeyError) as error:
+        print(f"decodebench verify: error: {error}", file=sys.stderr)
+        return ERROR
+    if args.json:
+        print(json.dumps([report.model_dump(mode="json") for report in reports], indent=2))
+    for report in reports:
+        if args.json:
+            break
+        divergent = {r.index: r.matching_prefix for r in report.prompts if not r.agree}
+        print(
+            f"{report.package}: {report.agreeing}/{len(report.prompts)} prompts identical to "
+            f"transformers fp32 over {report.steps} tokens (token agreement "
+            f"{report.token_agreement:.3f}; non-finite {report.non_finite}; first divergence by "
+            f"prompt {divergent})"
+        )
+    return AGREE if all(r.agreeing == len(r.prompts) for r in reports) else DIVERGE
 
 
 def _verify_any_format(args: argparse.Namespace, mapping: Any) -> Any:

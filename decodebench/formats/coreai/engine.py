@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decodebench.formats.coreai.kernels import KERNELS, Kernel
+from decodebench.formats.coreai.kernels import KERNELS, MOVES, Kernel
 from decodebench.formats.coreai.program import CoreAIError, Function, Operation, ValueType
 from decodebench.formats.seam import NonFiniteValue
 
@@ -72,6 +72,12 @@ class Step:
     results: list[str]
     types: list[ValueType]
     frees: list[str]
+    moves: bool = False  # a kind that only moves values: no rounding, no check
+
+
+def _same_type(value: np.ndarray, value_type: ValueType) -> bool:
+    floating = value_type.dtype in ("float16", "float32")
+    return value.dtype == np.float32 if floating else value.dtype == storage_dtype(value_type)
 
 
 class Engine:
@@ -114,12 +120,18 @@ class Engine:
                 raw = operation.read_constant()
                 self.constants[operation.results[0]] = declared(raw, operation.result_types[0])
                 continue
-            self.steps.append(
-                Step(
-                    operation, KERNELS[operation.kind], operation.operands, operation.results,
-                    operation.result_types, frees.get(index, []),
-                )
+            step = Step(
+                operation, KERNELS[operation.kind], operation.operands, operation.results,
+                operation.result_types, frees.get(index, []), operation.kind in MOVES,
             )  # fmt: skip
+            if all(key in self.constants for key in operation.operands):
+                # Folded once: a transposed weight, a shape computed from constants.
+                arguments = [self.constants[key] for key in operation.operands]
+                value = np.ascontiguousarray(declared(step.kernel(arguments), step.types[0]))
+                self._check(step, arguments, value)
+                self.constants[operation.results[0]] = value
+                continue
+            self.steps.append(step)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values: dict[str, np.ndarray] = dict(self.constants)
@@ -137,10 +149,13 @@ class Engine:
         for step in self.steps:
             arguments = [values[key] for key in step.operands]
             result = step.kernel(arguments)
-            value = declared(result, step.types[0])
-            if self.check_finite and value.dtype.kind == "f":
-                self._check(step, arguments, value)
-            values[step.results[0]] = value
+            if step.moves and _same_type(result, step.types[0]):
+                values[step.results[0]] = result
+            else:
+                value = declared(result, step.types[0])
+                if self.check_finite and value.dtype.kind == "f":
+                    self._check(step, arguments, value)
+                values[step.results[0]] = value
             for key in step.frees:
                 if key not in self.constants:
                     values.pop(key, None)

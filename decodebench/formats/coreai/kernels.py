@@ -245,6 +245,14 @@ def _gather(values: list[np.ndarray]) -> np.ndarray:
 
 
 MATMULS = frozenset({"batch_matmul", "broadcasting_batch_matmul", "matmul"})
+# Kinds that only move or select values: their results are values of their inputs, already of
+# the declared type, so neither rounded again nor checked for non-finite values.
+MOVES = frozenset(
+    {
+        "reshape", "transpose", "broadcast_in_dims", "broadcast_to", "slice", "concat",
+        "gather_nd", "gather_along_axis", "gather",
+    }
+)  # fmt: skip
 
 
 def sequential_fp16_matmul(values: list[np.ndarray]) -> np.ndarray:
