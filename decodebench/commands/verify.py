@@ -1,4 +1,4 @@
-"""``decodebench verify A B --steps N``: do two programs (Core ML or Core AI) decode the same?
+"""``decodebench verify A B --steps N``: do two programs decode the same? (Core ML or Core AI)
 ``decodebench verify A [B] --weights DIR``: do they decode transformers fp32's tokens?
 
 Each program's KV cache is its Core ML states or, the older layout, inputs it returns whole,
@@ -25,15 +25,16 @@ def register(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "verify",
-        help="run two .mlpackages in the reference interpreter and compare their decoding",
+        help="run two programs (.mlpackage or .aimodel) in the project's engines and compare "
+        "their decoding",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "a", metavar="A.mlpackage", help="first program (its greedy tokens drive both)"
+        "a", metavar="A", help="first program, .mlpackage or .aimodel (its greedy tokens drive both)"
     )
     parser.add_argument(
-        "b", metavar="B.mlpackage", nargs="?", default=None,
+        "b", metavar="B", nargs="?", default=None,
         help="second program (.mlpackage or .aimodel); optional with --weights",
     )  # fmt: skip
     parser.add_argument(
