@@ -18,6 +18,10 @@ predicted tok/s per device class with those bytes gone (the analysis's one predi
   the graph from the position;
 - **lm_head dominating the weights** (over a quarter of the bytes read): palettize it to 6 bits.
 
+A Core AI program (``.aimodel``) gets the fixes its own build offers: the fold is a rebuild with
+``--attention folded`` (``repair`` rewrites Core ML packages only), and the cache's fix is Core
+AI states, which the project does not build yet.
+
 Everything is read from the program's protobuf, as the analysis reads it (the weights stay on
 disk); :func:`decodebench.analysis.analyze.analyze_graphs` hands over what it parsed.
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from pathlib import Path
 
-from decodebench.analysis.analyze import analyze_graphs
+from decodebench.analysis.analyze import analyze_graphs, format_of
 from decodebench.analysis.graph import Graph
 from decodebench.contracts.analysis import GraphAnalysis
 from decodebench.contracts.doctor import Waste
@@ -38,6 +42,31 @@ LM_HEAD_SHARE = 0.25
 PALETTE_BITS = 6
 REPLICATIONS = ("tile", "broadcast_in_dims", "repeat_concat", "repeat_gather")
 FLOATS = ("float16", "float32")
+# Fixes that differ by format: (the fix, whether ``decodebench repair`` applies it).
+FIXES: dict[str, dict[str, tuple[str, bool]]] = {
+    "coreml": {
+        "replicas": (
+            "fold the query instead of replicating K/V heads (decodebench fold / repair)", True
+        ),
+        "cache io": (
+            "make the caches Core ML states (convert with states=..., iOS 18) and keep an "
+            "MLState in the decode loop: only the new K/V slice is written",
+            False,
+        ),
+    },
+    "coreai": {
+        "replicas": (
+            "fold the query instead of replicating K/V heads (rebuild with decodebench build "
+            "--format coreai --attention folded)",
+            False,
+        ),
+        "cache io": (
+            "keep the caches as Core AI states (state_names=..., iOS 27), written one position "
+            "a step; decodebench does not build Core AI states yet",
+            False,
+        ),
+    },
+}
 
 
 def _after(analysis: GraphAnalysis, saved: int) -> dict[str, float]:
@@ -63,13 +92,15 @@ def find_waste(
     path: Path | str,
     analysis: GraphAnalysis | None = None,
     graphs: dict[str, Graph] | None = None,
-    format_name: str = "coreml",
+    format_name: str | None = None,
 ) -> list[Waste]:
     """The avoidable bytes of the package at ``path``, read from its graph (weights stay on
     disk). Pass the ``analysis`` and the ``graphs`` :func:`analyze_graphs` returned to read the
-    program once."""
+    program once. The format is the one ``path`` names unless ``format_name`` says."""
+    format_name = format_name or format_of(path)
+    fixes = FIXES.get(format_name, FIXES["coreml"])
     if analysis is None:
-        analysis, graphs = analyze_graphs(path)
+        analysis, graphs = analyze_graphs(path, format_name)
     elif graphs is None:
         graphs = get_format(format_name).read_graph(Path(path)).functions
     graph = graphs.get(analysis.decode_function) or next(iter(graphs.values()))
@@ -92,8 +123,7 @@ def find_waste(
         "tiles and repeats",
         f"{_count(replicas, 'tile / repeat copy', 'tile / repeat copies')} of the KV cache",
         sum(copy.moved_bytes for copy in replicas),
-        "fold the query instead of replicating K/V heads (decodebench fold / repair)",
-        applicable=True,
+        *fixes["replicas"],
     )
     kinds = ", ".join(sorted({copy.kind for copy in others}))
     add(
@@ -108,8 +138,7 @@ def find_waste(
         "KV cache as I/O",
         f"{_count(inputs_passed_out, 'cache input')} passed out again whole, updated, every step",
         crossing,
-        "make the caches Core ML states (convert with states=..., iOS 18) and keep an MLState "
-        "in the decode loop: only the new K/V slice is written",
+        *fixes["cache io"],
     )
     widened = _widened(graph)
     add(

@@ -49,3 +49,14 @@ def test_the_caches_are_read_whole_and_the_weights_at_their_stored_width(
     assert analysis.weight_bytes_by_dtype.get("float16", 0) > 0.95 * analysis.weight_bytes
     assert not analysis.unknown_ops
     assert analysis.functions == ["main"]
+
+
+def test_the_waste_of_a_core_ai_program_names_its_own_fix(coreai_assets: dict[str, Path]) -> None:
+    from decodebench.doctor.waste import find_waste
+
+    repeated = {waste.kind: waste for waste in find_waste(coreai_assets["repeat_kv"])}
+    replicas = repeated["tiles and repeats"]
+    # The rebuild is the fix; `decodebench repair` rewrites Core ML packages only.
+    assert "--format coreai --attention folded" in replicas.fix
+    assert not replicas.applicable
+    assert "tiles and repeats" not in {waste.kind for waste in find_waste(coreai_assets["folded"])}
