@@ -46,7 +46,8 @@ FLOATS = ("float16", "float32")
 FIXES: dict[str, dict[str, tuple[str, bool]]] = {
     "coreml": {
         "replicas": (
-            "fold the query instead of replicating K/V heads (decodebench fold / repair)", True
+            "fold the query instead of replicating K/V heads (decodebench fold / repair)",
+            True,
         ),
         "cache io": (
             "make the caches Core ML states (convert with states=..., iOS 18) and keep an "
