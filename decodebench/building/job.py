@@ -31,6 +31,7 @@ from decodebench.contracts.names import ARTIFACT_NAMES, DEFAULT_FORMAT
 from decodebench.contracts.presets import ModelConfig, get_preset
 from decodebench.contracts.recipes import TARGETS, QuantRecipe
 from decodebench.formats import get_format
+from decodebench.formats.seam import ModelFormat, ReferenceDisagreement
 from decodebench.toolchain import CODE_KEY, installed_toolchain, toolchain_identity
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ STAGE_WEIGHTS: dict[str, float] = {
     "quantize": 0.15,
     "save": 0.11,
     "check_finite": 0.01,
+    "hold_to_reference": 0.05,
     "analyse": 0.01,
 }
 
@@ -263,10 +265,25 @@ def convert_in_format(
             raise BuildError(str(error)) from None
         with clock.stage("check_finite"):
             check_finite_decode(staged, variant.format)
+        with clock.stage("hold_to_reference"):
+            held = hold_to_reference(model_format, staged)
         replace_directory(staged, package)
     with clock.stage("analyse"):
         analysis = analyze_mlpackage(package, variant.format)
-    return job.report(config, analysis, weights_path=str(weights) if weights is not None else None)
+    return job.report(
+        config,
+        analysis,
+        weights_path=str(weights) if weights is not None else None,
+        reference_check=held,
+    )
+
+
+def hold_to_reference(model_format: ModelFormat, staged: Path) -> str | None:
+    """The format's own runtime as the arbiter of the staged package (Core AI: Apple's)."""
+    try:
+        return model_format.hold_to_reference(staged)
+    except ReferenceDisagreement as error:
+        raise BuildError(f"not published: the engine disagrees with {error}") from None
 
 
 # The publish check's prompt (as the Core ML check's) and its decode steps after it: enough to

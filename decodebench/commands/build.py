@@ -158,6 +158,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"built {out_dir / report.package} in {report.wall_seconds:.1f}s "
         f"(key {report.key[:12]}): {_summary(report)}"
     )
+    if report.reference_check:
+        print(f"  {report.reference_check}")
     return 0
 
 

@@ -105,3 +105,8 @@ class BuildReport(Contract):
     cache_hit: bool = False
     # Added with real prompts: only builds of models with a tokenizer carry them.
     references: ReferenceOutputs | None = None
+    reference_check: str | None = Field(
+        default=None,
+        description="How the build's decode agreed with its format's own runtime (Core AI: "
+        "Apple's, op by op), or why it was not held; none where no such runtime runs here",
+    )

@@ -33,6 +33,11 @@ class NonFiniteValue(ValueError):
         self.function = function
 
 
+class ReferenceDisagreement(ValueError):
+    """A format's engine and its trusted runtime computed different values; the message names
+    the op."""
+
+
 class StageRecorder(Protocol):
     """Receives the named stages of a conversion (for timings and progress)."""
 
@@ -84,6 +89,12 @@ class ModelFormat(Protocol):
 
     def open_engine(self, path: Path, label: str | None = None) -> StepEngine:
         """The reference decode loop of the package at ``path``."""
+        ...
+
+    def hold_to_reference(self, path: Path) -> str | None:
+        """Hold the built package's decode to the format's own trusted runtime where one runs
+        here; a line saying how it agreed (or why it was not held), None where no runtime
+        exists. A disagreement raises ReferenceDisagreement naming the op."""
         ...
 
     def unpack_upload(

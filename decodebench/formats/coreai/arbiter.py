@@ -22,6 +22,7 @@ from decodebench.formats.coreai import runtime
 from decodebench.formats.coreai.engine import Engine, declared
 from decodebench.formats.coreai.kernels import MATMULS, sequential_fp16_matmul
 from decodebench.formats.coreai.program import CoreAIError, Function, Program
+from decodebench.formats.seam import ReferenceDisagreement
 
 # fp32 results: relative to the largest magnitude of the result (a reduction's order).
 FP32_RELATIVE = 1e-5
@@ -36,7 +37,7 @@ TRANSCENDENTAL = frozenset(
 )  # fmt: skip
 
 
-class Disagreement(CoreAIError):
+class Disagreement(CoreAIError, ReferenceDisagreement):
     """The engine and Apple's runtime computed different values for one op."""
 
 

@@ -39,6 +39,11 @@ class CoreAI:
 
         return open_session(path, label)
 
+    def hold_to_reference(self, path: Path) -> str | None:
+        from decodebench.formats.coreai.check import hold_build
+
+        return hold_build(path)
+
     def unpack_upload(
         self, archive: Path, destination: Path, name: str, max_unpacked_bytes: int | None = None
     ) -> Path:

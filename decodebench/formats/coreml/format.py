@@ -43,6 +43,10 @@ class CoreML:
 
         return open_session(path, label=label)
 
+    def hold_to_reference(self, path: Path) -> str | None:
+        del path  # Core ML's runtime needs macOS: the MIL interpreter is the reference here
+        return None
+
     def unpack_upload(
         self, archive: Path, destination: Path, name: str, max_unpacked_bytes: int | None = None
     ) -> Path:

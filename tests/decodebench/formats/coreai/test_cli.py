@@ -22,6 +22,10 @@ def test_build_analyze_and_verify_a_core_ai_build_against_core_ml(tmp_path: Path
     assert report["package"] == "model.aimodel"
     assert report["variant"]["format"] == "coreai" and report["variant"]["kv"] == "input"
     assert {"coreai-core", "coreai-torch"} <= set(report["toolchain"])
+    # The build's check: one decode step held op by op to Apple's runtime.
+    assert report["reference_check"].startswith("held op by op to Apple's runtime at position 3")
+    assert report["reference_check"] in built.stdout
+    assert "hold_to_reference" in report["stage_seconds"]
 
     analysed = run_cli("analyze", str(tmp_path / "ai" / "model.aimodel"), "--json")
     assert analysed.returncode == 0, analysed.stderr
@@ -52,3 +56,23 @@ def test_a_core_ai_build_refuses_what_it_cannot_build_yet_by_name(tmp_path: Path
     )  # fmt: skip
     assert state.returncode == 2
     assert "kv: a Core AI build keeps its KV cache as inputs for now" in state.stderr
+
+
+def test_a_build_the_engine_computes_wrongly_is_not_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from decodebench.building.build import build_variant
+    from decodebench.building.job import BuildError
+    from decodebench.contracts.domain import VariantSpec
+    from decodebench.formats.coreai import engine as engine_module
+    from decodebench.formats.coreai.kernels import KERNELS
+
+    right = KERNELS["rsqrt"]
+    monkeypatch.setitem(KERNELS, "rsqrt", lambda values: right(values) * np.float32(1.01))
+    monkeypatch.setattr(engine_module, "KERNELS", KERNELS)
+    variant = VariantSpec(format="coreai", attention="folded", context=64)
+    with pytest.raises(BuildError, match=r"not published: .*op #\d+ 'rsqrt_\d+'"):
+        build_variant("tiny-gqa", variant, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.aimodel").exists()
