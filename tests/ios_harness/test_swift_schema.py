@@ -156,7 +156,9 @@ def contract_problems(source: str) -> list[str]:
             ahead = READ_AHEAD.get(name, set()) - set(properties)
             for key in ahead & set(fields):
                 if not fields[key].optional:
-                    problems.append(f"{name}.{key}: read ahead of the agent, so it must be optional")
+                    problems.append(
+                        f"{name}.{key}: read ahead of the agent, so it must be optional"
+                    )
             extra = set(fields) - set(properties) - ahead
             if extra:
                 problems.append(f"{name}: Swift reads keys the agent never writes: {sorted(extra)}")
@@ -241,8 +243,14 @@ def test_the_swift_codable_types_match_the_json_schema() -> None:
         ),
         (
             (
-                ("    public let engine: String?\n", "    public let engine: String?\n    public let gpuName: String?\n"),
-                ("        case engine\n", "        case engine\n        case gpuName = \"gpu_name\"\n"),
+                (
+                    "    public let engine: String?\n",
+                    "    public let engine: String?\n    public let gpuName: String?\n",
+                ),
+                (
+                    "        case engine\n",
+                    '        case engine\n        case gpuName = "gpu_name"\n',
+                ),
             ),
             "reads keys the agent never writes: ['gpu_name']",
         ),
