@@ -1,6 +1,8 @@
 // swift-tools-version:5.9
-// The harness logic as a package (protocol types, the decode sweep, Core ML engine, metrics);
-// the iOS app target lives in project.yml (XcodeGen) and only wires the app lifecycle to it.
+// The harness logic as a package (protocol types, the decode sweep, the Core ML and Core AI
+// engines, metrics); the iOS app target lives in project.yml (XcodeGen) and only wires the app
+// lifecycle to it. Every file under Sources/HarnessKit is compiled; CoreAIEngine.swift is empty
+// where the SDK has no Core AI (`#if canImport(CoreAI)`), so no manifest setting names it.
 //
 // Platforms are spelled as version strings: `.iOS(.v18)` / `.macOS(.v15)` exist only from
 // PackageDescription 6.0, while the string form is valid for every tools version from 5.0 on.

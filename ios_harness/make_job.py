@@ -4,7 +4,8 @@
 
 OUT is a `decodebench build --out` folder (its build.json gives the model, the variant and the
 bytes per token). The job names the package as `models/smoke/model.mlpackage`, where the README's
-push commands put it. Exits 2 with a one-line message on bad input.
+push commands put it, or, for a Core AI build (OUT holds `model.aimodel`), as
+`models/smoke/model.aimodel` with engine coreai. Exits 2 with a one-line message on bad input.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from decodebench.contracts.domain import VariantSpec
+from decodebench.contracts.names import ARTIFACT_NAMES, FormatName
 from decodebench.contracts.presets import get_preset
 from decodebench.harness import HarnessJob, HarnessPrompt
 from decodebench.prompts import PROMPT_SET_VERSION, builtin_prompts
@@ -29,6 +31,8 @@ def smoke_job(out: Path, prompts: int, decode_tokens: int, run_id: int) -> Harne
     variant = VariantSpec.model_validate(report["variant"])
     room = variant.context - decode_tokens + 1
     vocab_size = get_preset(report["model"]).vocab_size
+    coreai = (out / ARTIFACT_NAMES[FormatName.coreai]).exists()
+    engine = FormatName.coreai if coreai else FormatName.coreml
     return HarnessJob(
         run_id=run_id,
         model=report["model"],
@@ -36,7 +40,8 @@ def smoke_job(out: Path, prompts: int, decode_tokens: int, run_id: int) -> Harne
         device_class="manual",
         driver="manual",
         artifact_sha256="smoke",
-        package_path=f"{SMOKE_DIR}/model.mlpackage",
+        package_path=f"{SMOKE_DIR}/{ARTIFACT_NAMES[engine]}",
+        engine=engine.value,
         bytes_per_token=report["analysis"]["bytes_per_token"]["total"],
         context_tokens=variant.context,
         decode_tokens=decode_tokens,
@@ -58,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         job = smoke_job(args.out, args.prompts, args.decode_tokens, args.run_id)
-    except (OSError, KeyError, ValueError, ValidationError) as error:
+    except ValidationError as error:  # its first line only counts the errors: say the first
+        print(f"make_job: {error.errors()[0]['msg']}".splitlines()[0], file=sys.stderr)
+        return 2
+    except (OSError, KeyError, ValueError) as error:
         print(f"make_job: {error}".splitlines()[0], file=sys.stderr)
         return 2
     print(job.model_dump_json(indent=1))

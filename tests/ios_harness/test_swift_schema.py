@@ -47,6 +47,10 @@ MUST_READ = {
     "HarnessJob": {"protocol_version", "variant", "warmup_steps", "context_tokens"},
     "VariantSpec": {"kv"},
 }
+# Optional keys the harness reads before decodebench/harness.py writes them (the Core AI
+# engine's compute-unit preference); they must be optional in Swift, and once the Python schema
+# has them they are checked like every other key.
+READ_AHEAD = {"HarnessJob": {"compute_units"}}
 CONSTANTS = {
     "version": harness.HARNESS_PROTOCOL_VERSION,
     "defaultThermalWaitS": harness.DEFAULT_THERMAL_WAIT_S,
@@ -149,7 +153,13 @@ def contract_problems(source: str) -> list[str]:
                 if fields[key].optional:
                     problems.append(f"{name}.{key}: required by the schema, optional in Swift")
         else:
-            extra = set(fields) - set(properties)
+            ahead = READ_AHEAD.get(name, set()) - set(properties)
+            for key in ahead & set(fields):
+                if not fields[key].optional:
+                    problems.append(
+                        f"{name}.{key}: read ahead of the agent, so it must be optional"
+                    )
+            extra = set(fields) - set(properties) - ahead
             if extra:
                 problems.append(f"{name}: Swift reads keys the agent never writes: {sorted(extra)}")
             unread = MUST_READ.get(name, set()) - set(fields)
@@ -227,6 +237,23 @@ def test_the_swift_codable_types_match_the_json_schema() -> None:
         (("case interrupted, missing_job", "case interrupt, missing_job"), "FailureReason"),
         (("public static let version = 1", "public static let version = 2"), "version is 2"),
         (("public var reason: FailureReason?", "public var reason: String?"), "reason: Swift"),
+        (
+            ("public let computeUnits: String?", "public let computeUnits: String"),
+            "compute_units: read ahead of the agent, so it must be optional",
+        ),
+        (
+            (
+                (
+                    "    public let engine: String?\n",
+                    "    public let engine: String?\n    public let gpuName: String?\n",
+                ),
+                (
+                    "        case engine\n",
+                    '        case engine\n        case gpuName = "gpu_name"\n',
+                ),
+            ),
+            "reads keys the agent never writes: ['gpu_name']",
+        ),
     ],
 )
 def test_the_check_catches_a_drifted_swift_type(edit: tuple[Any, ...], problem: str) -> None:

@@ -11,43 +11,6 @@
 import CoreML
 import Foundation
 
-public struct LoadTimes: Sendable {
-    public let coldMs: Double
-    public let warmMs: Double
-}
-
-public enum HarnessError: Error, CustomStringConvertible {
-    case missingJob(String)
-    case badJob(String)
-    case protocolMismatch(String)
-    case missingPackage(String)
-    case model(String)
-    case interrupted(String)
-
-    public var description: String {
-        switch self {
-        case .missingJob(let name): return "no \(name) in Documents: nothing to run"
-        case .badJob(let reason): return "unusable job: \(reason)"
-        case .protocolMismatch(let reason): return reason
-        case .missingPackage(let path): return "model package \(path) is missing or incomplete"
-        case .model(let reason): return reason
-        case .interrupted(let reason): return "interrupted: \(reason); the run is abandoned"
-        }
-    }
-
-    /// decodebench.harness.FailureReason of this error.
-    public var reason: FailureReason {
-        switch self {
-        case .missingJob: return .missing_job
-        case .badJob: return .bad_job
-        case .protocolMismatch: return .protocol_version
-        case .missingPackage: return .missing_package
-        case .model: return .model_error
-        case .interrupted: return .interrupted
-        }
-    }
-}
-
 /// Where compiled models live: one per run, removed when the run ends, and everything left by a
 /// run that was killed is removed when the next one starts (a compiled model is a full copy of
 /// the weights; left alone they would fill the phone).
@@ -211,20 +174,7 @@ public enum Argmax {
     }
 
     static func best(count: Int, position: Int, value: (Int) -> Float) throws -> Int {
-        guard count > 0 else { throw HarnessError.model("logits at position \(position) are empty") }
-        var best = 0
-        var bestValue = -Float.infinity
-        for index in 0..<count {
-            let candidate = value(index)
-            guard candidate.isFinite else {
-                throw HarnessError.model("logit \(index) at position \(position) is \(candidate): the model produced a non-finite value")
-            }
-            if candidate > bestValue {
-                best = index
-                bestValue = candidate
-            }
-        }
-        return best
+        try GreedyScan(count: count, value: value).checked(position: position)
     }
 }
 

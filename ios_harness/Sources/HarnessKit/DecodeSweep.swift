@@ -6,10 +6,13 @@
 // decode tok/s is over the pure decode steps. The observer runs between steps, never inside one.
 import Foundation
 
+/// One decode step of a loaded model, whatever runtime runs it (CoreMLEngine, CoreAIEngine).
+/// `step` is async because Core AI's inference call is; Core ML's synchronous prediction
+/// satisfies it as it is.
 public protocol StepEngine {
     mutating func reset() throws
     /// Feed `token` at `position`; the greedy next token.
-    mutating func step(token: Int, position: Int) throws -> Int
+    mutating func step(token: Int, position: Int) async throws -> Int
 }
 
 /// What the harness watches around the timed steps (decodebench.harness.SweepObserver).
@@ -39,9 +42,7 @@ public func jobProblem(_ job: HarnessJob) -> String? {
     if job.contextTokens < 1 || job.decodeTokens < 1 || job.warmupSteps < 0 {
         return "context_tokens and decode_tokens must be at least 1, warmup_steps at least 0"
     }
-    if let engine = job.engine, engine != "coreml" {
-        return "job.json asks for engine \(engine); the harness decodes with coreml"
-    }
+    if let problem = engineProblem(job) { return problem }
     if job.warmupSteps > job.contextTokens {
         return "warmup_steps \(job.warmupSteps) exceeds the context of \(job.contextTokens) tokens (warm-up step k writes KV position k)"
     }
@@ -59,16 +60,16 @@ public func jobProblem(_ job: HarnessJob) -> String? {
     return nil
 }
 
-public func warmUp<E: StepEngine>(_ engine: inout E, token: Int, steps: Int) throws {
+public func warmUp<E: StepEngine>(_ engine: inout E, token: Int, steps: Int) async throws {
     for position in 0..<steps {
-        _ = try engine.step(token: token, position: position)
+        _ = try await engine.step(token: token, position: position)
     }
     try engine.reset()
 }
 
 public func runPrompt<E: StepEngine>(
     _ engine: inout E, prompt: HarnessPrompt, decodeTokens: Int, observer: SweepObserver = Unobserved()
-) throws -> PromptResult {
+) async throws -> PromptResult {
     let tokens = prompt.tokenIds
     try engine.reset()
     var prefillNs: UInt64 = 0
@@ -76,7 +77,7 @@ public func runPrompt<E: StepEngine>(
     var next = 0
     for (position, token) in tokens.enumerated() {
         let before = MonotonicClock.now()
-        next = try engine.step(token: token, position: position)
+        next = try await engine.step(token: token, position: position)
         stepNs = MonotonicClock.now() - before
         prefillNs += stepNs
         try observer.afterStep()
@@ -85,7 +86,7 @@ public func runPrompt<E: StepEngine>(
     var generated = [next]
     for position in tokens.count..<(tokens.count + decodeTokens - 1) {
         let before = MonotonicClock.now()
-        next = try engine.step(token: next, position: position)
+        next = try await engine.step(token: next, position: position)
         latencies.append(MonotonicClock.now() - before)
         try observer.afterStep()
         generated.append(next)

@@ -1,7 +1,8 @@
-// The harness's main job: read Documents/job.json, run the sweep with Core ML, write
-// results.json atomically, then the done marker (with the results' SHA-256). Every way a run can
-// end writes a done marker: ok, or ok: false with a FailureReason (interrupted, missing_job,
-// bad_job, protocol_version, missing_package, model_error) and a message.
+// The harness's main job: read Documents/job.json, run the sweep with the job's engine (Core ML
+// for coreml; Core AI for coreai, where the SDK and the phone have it), write results.json
+// atomically, then the done marker (with the results' SHA-256). Every way a run can end writes a
+// done marker: ok, or ok: false with a FailureReason (interrupted, missing_job, bad_job,
+// protocol_version, missing_package, model_error) and a message.
 import CryptoKit
 import Foundation
 import os
@@ -74,7 +75,7 @@ public struct Harness: Sendable {
             do { job = try JSONDecoder().decode(HarnessJob.self, from: data) } catch { throw HarnessError.badJob("\(jobFile) does not decode: \(error)") }
             runId = job.runId
             if let problem = jobProblem(job) { throw HarnessError.badJob(problem) }
-            let result = try await measure(job)
+            let result = try await measureAndRelease(job)
             let encoded = try JSONEncoder().encode(result)
             try atomicWrite(encoded, to: HarnessFiles.results)
             let digest = SHA256.hash(data: encoded).map { String(format: "%02x", $0) }.joined()
@@ -92,15 +93,29 @@ public struct Harness: Sendable {
         try? writeDone(DoneMarker(runId: runId, ok: false, resultsSha256: nil, error: message, reason: reason))
     }
 
+    /// Measure with the job's engine, then drop what Core AI cached for the package: here,
+    /// once `measure` has returned, nothing holds the specialization any more.
+    func measureAndRelease(_ job: HarnessJob) async throws -> RunResult {
+        defer { releaseSpecializations(job) }
+        return try await measure(job)
+    }
+
     func measure(_ job: HarnessJob) async throws -> RunResult {
         let package = documents.appendingPathComponent(job.packagePath)
         let complete = package.deletingLastPathComponent().appendingPathComponent(HarnessFiles.completeMarker)
         guard FileManager.default.fileExists(atPath: complete.path) else {
             throw HarnessError.missingPackage(job.packagePath)
         }
-        let first = job.prompts[0].tokenIds[0]  // jobProblem: prompts and their tokens exist
         let lowPowerMode = DeviceMetrics.lowPowerMode()
-        log("run \(job.runId): compiling \(job.packagePath)\(lowPowerMode ? " (Low Power Mode is on)" : "")")
+        if lowPowerMode { log("run \(job.runId): Low Power Mode is on") }
+        switch try EngineKind.named(job.engine) {
+        case .coreml: return try await measureCoreML(job, package: package, lowPowerMode: lowPowerMode)
+        case .coreai: return try await measureCoreAI(job, package: package, lowPowerMode: lowPowerMode)
+        }
+    }
+
+    func measureCoreML(_ job: HarnessJob, package: URL, lowPowerMode: Bool) async throws -> RunResult {
+        log("run \(job.runId): compiling \(job.packagePath)")
         CompiledModels.removeAll()  // what a killed run left behind
         let compileStart = MonotonicClock.now()
         let compiled: URL
@@ -112,11 +127,45 @@ public struct Harness: Sendable {
         defer { try? FileManager.default.removeItem(at: compiled) }
         let compileNs = MonotonicClock.now() - compileStart
         let (loaded, load) = try await CoreMLEngine.load(compiled: compiled, compileNs: compileNs, context: job.contextTokens, kv: job.variant?.kv)
+        var engine = consume loaded
+        log("run \(job.runId): loaded with Core ML (kv=\(engine.kv.rawValue))")
+        return try await sweep(&engine, load: load, job: job, lowPowerMode: lowPowerMode)
+    }
+
+    /// Core AI where the SDK has it and the phone runs iOS 27; otherwise a model_error saying
+    /// which of the two is missing.
+    func measureCoreAI(_ job: HarnessJob, package: URL, lowPowerMode: Bool) async throws -> RunResult {
+        #if canImport(CoreAI)
+        guard #available(iOS 27.0, macOS 27.0, *) else {
+            throw HarnessError.model("engine coreai needs Core AI, which needs iOS 27; this phone runs \(DeviceMetrics.osVersion())")
+        }
+        let units = try ComputeUnits.named(job.computeUnits)
+        log("run \(job.runId): specializing \(job.packagePath) with Core AI (compute_units \(units.rawValue))")
+        let (loaded, load) = try await CoreAIEngine.load(package: package, context: job.contextTokens, kv: job.variant?.kv, units: units)
+        var engine = consume loaded  // no second reference to its NDArrays while it writes them
+        log("run \(job.runId): loaded with Core AI (kv=input)")
+        return try await sweep(&engine, load: load, job: job, lowPowerMode: lowPowerMode)
+        #else
+        throw HarnessError.model("engine coreai: this harness was built without Core AI (an SDK before iOS 27); rebuild it with Xcode 27 to decode .aimodel packages")
+        #endif
+    }
+
+    func releaseSpecializations(_ job: HarnessJob) {
+        #if canImport(CoreAI)
+        if #available(iOS 27.0, macOS 27.0, *), job.engine == EngineKind.coreai.rawValue {
+            CoreAIEngine.forget(documents.appendingPathComponent(job.packagePath))
+        }
+        #endif
+    }
+
+    /// Warm up, wait for a nominal thermal state, then time every prompt: the same for every
+    /// engine.
+    func sweep<E: StepEngine>(_ engine: inout E, load: LoadTimes, job: HarnessJob, lowPowerMode: Bool) async throws -> RunResult {
         let compilePeak = DeviceMetrics.footprint().lifetimePeak
-        var engine = loaded
-        log("run \(job.runId): loaded (kv=\(engine.kv.rawValue)), warming up \(job.warmupSteps) steps")
+        let first = job.prompts[0].tokenIds[0]  // jobProblem: prompts and their tokens exist
+        log("run \(job.runId): warming up \(job.warmupSteps) steps")
         try interruption.check()
-        try warmUp(&engine, token: first, steps: job.warmupSteps)
+        try await warmUp(&engine, token: first, steps: job.warmupSteps)
         try interruption.check()
         let waitedMs = try await DeviceMetrics.waitForNominal(limitS: job.thermalWaitS ?? HarnessProtocol.defaultThermalWaitS, interruption: interruption)
         let thermalStart = DeviceMetrics.thermalState()
@@ -124,7 +173,7 @@ public struct Harness: Sendable {
         let observer = DeviceObserver(interruption: interruption)
         var prompts: [PromptResult] = []
         for prompt in job.prompts {
-            prompts.append(try runPrompt(&engine, prompt: prompt, decodeTokens: job.decodeTokens, observer: observer))
+            prompts.append(try await runPrompt(&engine, prompt: prompt, decodeTokens: job.decodeTokens, observer: observer))
         }
         try interruption.check()
         return RunResult(

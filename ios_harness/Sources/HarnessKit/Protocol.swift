@@ -67,7 +67,11 @@ public struct HarnessJob: Codable, Sendable {
     public let driver: String
     public let artifactSha256: String
     public let packagePath: String
+    /// The model format and runtime: coreml or coreai (EngineKind); absent means coreml.
     public let engine: String?
+    /// Core AI's compute-unit preference (ComputeUnits); absent means default. Read ahead of
+    /// decodebench/harness.py, which does not write it yet.
+    public let computeUnits: String?
     public let bytesPerToken: Int
     public let contextTokens: Int
     public let decodeTokens: Int
@@ -88,6 +92,7 @@ public struct HarnessJob: Codable, Sendable {
         case artifactSha256 = "artifact_sha256"
         case packagePath = "package_path"
         case engine
+        case computeUnits = "compute_units"
         case bytesPerToken = "bytes_per_token"
         case contextTokens = "context_tokens"
         case decodeTokens = "decode_tokens"

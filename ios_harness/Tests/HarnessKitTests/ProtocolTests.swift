@@ -36,6 +36,33 @@ final class ProtocolTests: XCTestCase {
         XCTAssertTrue(jobProblem(other)!.contains("protocol 2"))
     }
 
+    func job(engine: String?, path: String, units: String? = nil) throws -> HarnessJob {
+        var json = Self.jobJSON.replacingOccurrences(of: "models/ab/model.mlpackage", with: path)
+        if let engine = engine { json = json.replacingOccurrences(of: "\"bytes_per_token\"", with: "\"engine\": \"\(engine)\", \"bytes_per_token\"") }
+        if let units = units { json = json.replacingOccurrences(of: "\"bytes_per_token\"", with: "\"compute_units\": \"\(units)\", \"bytes_per_token\"") }
+        return try decodeJob(json)
+    }
+
+    func testBothEnginesAreChosenByNameAndOthersRefusedByName() throws {
+        XCTAssertNil(jobProblem(try job(engine: nil, path: "models/ab/model.mlpackage")))
+        XCTAssertNil(jobProblem(try job(engine: "coreml", path: "models/ab/model.mlpackage")))
+        XCTAssertNil(jobProblem(try job(engine: "coreai", path: "models/ab/model.aimodel", units: "neural_engine")))
+        XCTAssertEqual(try EngineKind.named("coreai"), .coreai)
+        XCTAssertTrue(jobProblem(try job(engine: "onnx", path: "models/ab/model.onnx"))!.contains("engine onnx"))
+        XCTAssertTrue(jobProblem(try job(engine: "coreai", path: "models/ab/model.mlpackage"))!.contains(".aimodel"))
+        XCTAssertTrue(jobProblem(try job(engine: "coreai", path: "models/ab/model.aimodel", units: "tpu"))!.contains("compute_units tpu"))
+        XCTAssertTrue(jobProblem(try job(engine: "coreml", path: "models/ab/model.mlpackage", units: "gpu"))!.contains("Core AI preference"))
+    }
+
+    func testTheGreedyScanStopsAtANonFiniteLogit() throws {
+        let values: [Float] = [0.5, 3.0, .infinity, 9.0]
+        XCTAssertEqual(try GreedyScan(count: 2) { values[$0] }.checked(position: 0), 1)
+        XCTAssertThrowsError(try GreedyScan(count: 4) { values[$0] }.checked(position: 3)) { error in
+            XCTAssertTrue("\(error)".contains("logit 2 at position 3"))
+        }
+        XCTAssertThrowsError(try GreedyScan(count: 0) { values[$0] }.checked(position: 0))
+    }
+
     struct Scripted: StepEngine {
         var steps: [(Int, Int)] = []
         mutating func reset() throws {}
@@ -59,10 +86,10 @@ final class ProtocolTests: XCTestCase {
         }
     }
 
-    func testTheSweepStepsPrefillThenDecode() throws {
+    func testTheSweepStepsPrefillThenDecode() async throws {
         var engine = Scripted()
         let observer = Counting()
-        let result = try runPrompt(&engine, prompt: HarnessPrompt(index: 2, tokenIds: [1, 2, 3]), decodeTokens: 3, observer: observer)
+        let result = try await runPrompt(&engine, prompt: HarnessPrompt(index: 2, tokenIds: [1, 2, 3]), decodeTokens: 3, observer: observer)
         XCTAssertEqual(engine.steps.map { $0.1 }, [0, 1, 2, 3, 4])
         XCTAssertEqual(result.tokenIds, [103, 203, 303])
         XCTAssertEqual(result.tokenLatenciesMs.count, 3)
@@ -72,12 +99,12 @@ final class ProtocolTests: XCTestCase {
         XCTAssertNotNil(keys["token_latencies_ms"])
     }
 
-    func testAnInterruptionStopsTheSweepWithItsReason() throws {
+    func testAnInterruptionStopsTheSweepWithItsReason() async throws {
         var engine = Scripted()
         let observer = Counting()
         observer.interruptAfter = 2
         do {
-            _ = try runPrompt(&engine, prompt: HarnessPrompt(index: 0, tokenIds: [1, 2, 3]), decodeTokens: 3, observer: observer)
+            _ = try await runPrompt(&engine, prompt: HarnessPrompt(index: 0, tokenIds: [1, 2, 3]), decodeTokens: 3, observer: observer)
             XCTFail("the sweep went on after the interruption")
         } catch {
             XCTAssertEqual((error as? HarnessError)?.reason, .interrupted)
