@@ -6,7 +6,10 @@ both engines in one run: the project's engine (:mod:`decodebench.formats.coreai.
 Apple's runtime on Linux (the interpreter compute kind). For each it prints the load seconds,
 seconds per decode step, CPU seconds per step, the load average it ran under (the machine is
 shared and differs 2x day to day) and the ratio of the two, measured in this one run; then
-whether the two engines chose the same tokens, and the largest logit difference.
+whether the two engines chose the same tokens, the largest logit difference, and how many of
+each engine's tokens are transformers fp32's greedy tokens (the trusted reference). Apple's
+runtime is fed the engine's cache at each step, so its tokens are judged while the engine's
+match.
 
     python -m bench.coreai_proof                 # 8 steps on each engine
     python -m bench.coreai_proof --steps 4 --json
@@ -99,11 +102,26 @@ def measure(package: Path, prompt: list[int], steps: int) -> dict[str, Any]:
             "cpu_s_per_step": round(apple_step_cpu, 4),
             "loadavg": round(os.getloadavg()[0], 2),
         },
+        "engine_tokens": [int(np.argmax(a)) for a in mine],
+        "apple_tokens": [int(np.argmax(b)) for b in theirs],
         "same_tokens": [int(np.argmax(a)) for a in mine] == [int(np.argmax(b)) for b in theirs],
         "max_logit_diff": round(
             max(float(np.max(np.abs(a - b))) for a, b in zip(mine, theirs, strict=True)), 5
         ),
     }
+
+
+def transformers_tokens(weights: Path, prompt: list[int], steps: int) -> list[int]:
+    """transformers fp32's greedy continuation of ``prompt``: the trusted reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(weights, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, num_beams=1
+        )
+    return [int(token) for token in out[0, len(prompt) :]]
 
 
 def main() -> int:
@@ -122,7 +140,15 @@ def main() -> int:
     precision = "fp32" if args.fp32 else "fp16"
     package = _build(Path(args.work) / f"{args.attention}-{precision}", args.attention, args.fp32)
     prompt = prompt_token_ids(chat_prompts(1), 49152, fetch_model("smollm2-135m"))[0]
+    from decodebench.building.agreement import matching_prefix as _prefix
+
     result = measure(package, prompt, args.steps)
+    reference = transformers_tokens(fetch_model("smollm2-135m"), prompt, args.steps)
+    result["transformers_fp32_tokens"] = reference
+    result["engine_matches_reference"] = _prefix(result["engine_tokens"], reference)
+    # Apple's step i reads the engine's cache: judged while the engine's tokens before it match.
+    judged = min(result["engine_matches_reference"] + 1, args.steps)
+    result["apple_matches_reference"] = _prefix(result["apple_tokens"][:judged], reference)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -140,6 +166,10 @@ def main() -> int:
     print(
         f"  the engine is {ratio:.1f}x faster per step in this run; same tokens: "
         f"{result['same_tokens']}; max |logit diff| {result['max_logit_diff']}"
+    )
+    print(
+        f"  transformers fp32's first tokens matched: engine {result['engine_matches_reference']}"
+        f" of {args.steps}, Apple runtime {result['apple_matches_reference']} of {args.steps}"
     )
     return 0
 
