@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import io
 import os
+import re
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,23 +22,36 @@ import numpy as np
 
 from decodebench.formats.coreai.program import CoreAIError, Function, Program
 
+# What the runtime prints on the process's stderr for each function it loads.
+_LOADING = re.compile(r"^ODIE \[\w+\]: Loading function '[^']*'$")
+
 
 @contextlib.contextmanager
 def _quiet_native() -> Iterator[None]:
-    """The runtime prints a line per function it loads on the process's stdout."""
+    """The runtime prints a line per function it loads on the process's stdout and stderr:
+    stdout is dropped, and stderr is passed on without those lines (a real complaint stays)."""
     try:
-        descriptor = os.dup(1)
+        saved = os.dup(1), os.dup(2)
     except OSError:
         yield
         return
-    with open(os.devnull, "w") as sink:
+    with open(os.devnull, "w") as sink, tempfile.TemporaryFile() as errors:
+        sys.stderr.flush()
         os.dup2(sink.fileno(), 1)
+        os.dup2(errors.fileno(), 2)
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 yield
         finally:
-            os.dup2(descriptor, 1)
-            os.close(descriptor)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for descriptor in saved:
+                os.close(descriptor)
+            errors.seek(0)
+            text = errors.read().decode(errors="replace")
+            kept = [line for line in text.splitlines() if not _LOADING.match(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
 
 
 async def _call(
