@@ -116,7 +116,7 @@ def quantize_program(program: Any, plan: CoreAIQuant) -> Any:
     with _pass_warnings() as skipped:
         if scheme.kind == "lut":
             utils.palettize_weights(
-                program, n_bits=scheme.bits,
+                program, lut_dtype=None, n_bits=scheme.bits,
                 granularity=utils.CompressionGranularity.PER_TENSOR, in_place=True,
             )  # fmt: skip
         else:
