@@ -79,7 +79,9 @@ def installed_code() -> str:
 
 
 # A format's own toolchain beside torch (Core ML's is TOOLCHAIN_PACKAGES, unchanged).
-FORMAT_TOOLCHAINS = {"coreai": ("decodebench", "torch", "coreai-core", "coreai-torch")}
+FORMAT_TOOLCHAINS = {
+    "coreai": ("decodebench", "torch", "coreai-core", "coreai-torch", "coreai-opt")
+}
 
 
 def installed_toolchain(format_name: str = "coreml") -> dict[str, str]:

@@ -244,11 +244,8 @@ def convert_in_format(
     job: Job, config: ModelConfig, torch_model: Any, weights: Path | None
 ) -> BuildReport:
     """The build of a variant in a format other than Core ML, through the format seam: convert
-    into a staged package, the finite check on the format's engine, the analysis."""
-    if not job.recipe.is_fp16:
-        raise BuildError(
-            f"quant: a {job.variant.format} build is fp16 for now, not {job.variant.quant}"
-        )
+    into a staged package, the finite check on the format's engine, the analysis. The format
+    applies the variant's recipe (``quant``) itself, refusing by name one it cannot."""
     model_format = get_format(job.variant.format)
     clock, variant = job.clock, job.variant
     functions = {"main": torch_model}

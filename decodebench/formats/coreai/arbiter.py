@@ -7,7 +7,8 @@ its tolerance: none for an fp16 result of arithmetic (rounding to the declared t
 fp16 matrix products use the runtime's own order, :func:`kernels.sequential_fp16_matmul`), one
 fp16 ulp for an fp16 result of a library function (``exp``, ``silu``: see TRANSCENDENTAL), and
 a relative 1e-5 for an fp32 result (a reduction may sum in another order). The first op beyond
-it is named.
+it is named. Ops the engine folds once (on constants only: a weight's dequantization, its
+transpose) are held like the others.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def hold_to_runtime(
     for name, key in function.inputs.items():
         values[key] = declared(np.asarray(feeds[name]), function.input_types[name])
     report = OpAgreement()
-    for step in engine.steps:
+    # The folded ops (a weight's dequantization, its transpose) are held too, in program order.
+    held_steps = sorted(engine.folded + engine.steps, key=lambda step: step.operation.index)
+    for step in held_steps:
         arguments = [values[key] for key in step.operands]
         value_type = step.types[0]
         exact_matmul = step.operation.kind in MATMULS and value_type.dtype == "float16"

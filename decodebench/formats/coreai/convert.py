@@ -7,8 +7,10 @@ build (``input_ids``, ``position``, ``causal_mask``, ``key_cache_{i}`` ...; ``lo
 ``key_{i}`` ...), so the engine, the analysis and the phone drive either format alike.
 
 The model is converted in the precision it was built in (the build path builds fp16), so the
-program computes in fp16 with fp16 weights. Quantization through coreai-opt is not converted
-yet: a recipe other than fp16 is refused by name.
+program computes in fp16. A quantization recipe is then applied to the converted program by
+coreai-opt (:mod:`decodebench.formats.coreai.quantize`): the weights are stored compressed and
+expanded to fp16 by the ops it inserts; a recipe it cannot apply is refused by name before
+anything is converted.
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ import torch
 
 from decodebench.contracts.domain import KVCache, VariantSpec
 from decodebench.contracts.presets import ModelConfig
+from decodebench.contracts.recipes import RecipeError
 from decodebench.formats.coreai.program import METADATA_KEY
+from decodebench.formats.coreai.quantize import (
+    CoreAIQuant,
+    UnsupportedRecipe,
+    plan_quantization,
+    quantize_program,
+)
 from decodebench.formats.metadata import build_metadata
 from decodebench.modeling import DecodeStepModel, example_inputs
 
 PREFILL_FUNCTION = "prefill"
-TOOLCHAIN_PACKAGES = ("torch", "coreai-core", "coreai-torch")
+TOOLCHAIN_PACKAGES = ("torch", "coreai-core", "coreai-torch", "coreai-opt")
 
 
 class ConversionError(ValueError):
@@ -77,14 +86,21 @@ def check_variant(config: ModelConfig, variant: VariantSpec) -> None:
             "kv: a Core AI build keeps its KV cache as inputs for now (kv=input); "
             "K/V as Core AI states is not converted yet"
         )
-    if variant.quant not in ("fp16", "float16"):
-        raise ConversionError(
-            f"quant: a Core AI build is fp16 for now, not {variant.quant!r} "
-            "(quantization through coreai-opt is not converted yet)"
-        )
+    quantization(variant)
     if variant.kv_window:
         raise ConversionError("kv_window: the windowed KV layout is Core ML only for now")
     del config
+
+
+def quantization(variant: VariantSpec) -> CoreAIQuant | None:
+    """The coreai-opt pass the variant's recipe asks for (None for fp16); ConversionError
+    naming a recipe coreai-opt cannot apply."""
+    if variant.quant in ("fp16", "float16"):
+        return None
+    try:
+        return plan_quantization(variant.quant)
+    except (UnsupportedRecipe, RecipeError) as error:
+        raise ConversionError(str(error)) from None
 
 
 def _exported(model: DecodeStepModel) -> Any:
@@ -105,6 +121,7 @@ def build_asset(
 ) -> dict[str, str]:
     """Convert ``functions`` (name -> decoder, consumed) into the asset at ``path``."""
     check_variant(config, variant)
+    quant = quantization(variant)
     stage = stages.stage if stages is not None else (lambda name: contextlib.nullcontext())
     with quiet_coreai():
         import coreai_torch  # noqa: F401 - imported here so its warning is silenced
@@ -125,6 +142,12 @@ def build_asset(
             del model
         with stage("convert"), open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             program = converter.to_coreai()
+        if quant is not None:
+            with stage("quantize"):
+                try:
+                    quantize_program(program, quant)
+                except UnsupportedRecipe as error:
+                    raise ConversionError(str(error)) from None
         with stage("save"):
             _save(program, path, build_metadata(config, variant))
     return {}

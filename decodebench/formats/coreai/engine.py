@@ -32,6 +32,14 @@ _NUMPY = {
     "uint16": np.uint16,
     "uint8": np.uint8,
     "bool": np.bool_,
+    # Sub-byte weights (coreai-opt's int4 data, palette indices) are read widened to a byte.
+    "int4": np.int8,
+    "int2": np.int8,
+    "uint6": np.uint8,
+    "uint4": np.uint8,
+    "uint3": np.uint8,
+    "uint2": np.uint8,
+    "uint1": np.uint8,
 }
 
 
@@ -89,6 +97,9 @@ class Engine:
         self.check_finite = check_finite
         self.constants: dict[str, np.ndarray] = {}
         self.steps: list[Step] = []
+        # Ops on constants only (a weight's dequantization, a transposed weight), computed once
+        # when planned; kept so the arbiter holds them as it holds the steps.
+        self.folded: list[Step] = []
         self._plan()
 
     @property
@@ -130,6 +141,7 @@ class Engine:
                 value = np.ascontiguousarray(declared(step.kernel(arguments), step.types[0]))
                 self._check(step, arguments, value)
                 self.constants[operation.results[0]] = value
+                self.folded.append(step)
                 continue
             self.steps.append(step)
 

@@ -13,7 +13,7 @@ from decodebench.formats.seam import StageRecorder, StepEngine
 class CoreAI:
     name = "coreai"
     artifact_name = ARTIFACT_NAMES[FormatName.coreai]
-    toolchain_packages = ("torch", "coreai-core", "coreai-torch")
+    toolchain_packages = ("torch", "coreai-core", "coreai-torch", "coreai-opt")
 
     def build_package(
         self,
@@ -26,7 +26,9 @@ class CoreAI:
     ) -> dict[str, str]:
         from decodebench.formats.coreai.convert import build_asset
 
-        del plan  # fp16 only: check_variant refuses another recipe by name
+        # The recipe is the variant's ``quant``: coreai-opt applies it to the converted program
+        # (decodebench.formats.coreai.quantize), refusing by name what it cannot apply.
+        del plan
         return build_asset(functions, config, variant, path, stages)
 
     def read_graph(self, path: Path) -> ProgramGraph:

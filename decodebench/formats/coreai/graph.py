@@ -5,6 +5,12 @@ analyses name them (``x`` the data, ``perm`` a transpose's order, ``indices`` a 
 ``values`` what a concat joins), and ``coreai.constant`` is a ``const`` whose numbers are read
 on demand. A weight stored as a resource blob is keyed by its blob, so one blob read by two
 ops counts once.
+
+coreai-opt's compressed weights read as Core ML's: a ``blockwise_shift_scale`` or
+``lut_to_dense`` of constants only expands a stored weight once, when the program loads, so it
+is read as ``constexpr_blockwise_shift_scale`` / ``constexpr_lut_to_dense`` and its weight is
+counted at its stored width (int4 data, fp16 scales). A splat constant (the zero offsets) is
+stored as one value and counted so.
 """
 
 from __future__ import annotations
@@ -28,9 +34,16 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
     "slice": ("x", "begin", "end", "stride"),
     "softmax": ("x", "axis"),
     "cast": ("x",),
+    "blockwise_shift_scale": ("data", "scale", "offset", "offset2"),
+    "lut_to_dense": ("indices", "lut", "axis"),
+}
+# Core AI's decompression kinds -> the neutral graph's load-time (constexpr) op types.
+DECOMPRESSION = {
+    "blockwise_shift_scale": "constexpr_blockwise_shift_scale",
+    "lut_to_dense": "constexpr_lut_to_dense",
 }
 REDUCTIONS = ("reduce_max", "reduce_min", "reduce_sum", "reduce_mean", "reduce_product")
-KNOWN_OPS = frozenset({"const", *KERNELS})
+KNOWN_OPS = frozenset({"const", *KERNELS, *DECOMPRESSION.values()})
 
 
 def _tensor(value_type: ValueType, state: bool = False) -> Tensor:
@@ -40,7 +53,7 @@ def _tensor(value_type: ValueType, state: bool = False) -> Tensor:
 def _inputs(kind: str, operands: list[str]) -> dict[str, list[str]]:
     if kind == "concat":
         return {"axis": operands[:1], "values": operands[1:]}
-    names = PARAMETERS.get(kind)
+    names = PARAMETERS.get(kind.removeprefix("constexpr_"))
     if names is None:
         names = ("x", "axes") if kind in REDUCTIONS else ("x", "y", "z")
     bound: dict[str, list[str]] = {}
@@ -65,8 +78,12 @@ def function_graph(function: Function) -> Graph:
     graph.inputs = {renamed[key]: tensor for key, tensor in graph.inputs.items()}
     graph.outputs = [renamed.get(key, key) for key in graph.outputs]
     graph.types.update(graph.inputs)
+    constant_keys = {
+        key for operation in function.operations if operation.kind == "constant"
+        for key in operation.results
+    }  # fmt: skip
     for operation in function.operations:
-        kind = "const" if operation.kind == "constant" else operation.kind
+        kind = _kind(operation.kind, operation.operands, constant_keys)
         results = [renamed.get(key, key) for key in operation.results]
         op = Op(
             type=kind,
@@ -84,13 +101,28 @@ def function_graph(function: Function) -> Graph:
                 Constant(
                     op=op,
                     parameter="val",
-                    tensor=_tensor(operation.result_types[0]),
+                    tensor=_stored(operation.result_types[0], operation.splat),
                     stored_at=("resource", operation.resource) if operation.resource else None,
                     read=_small(operation.read_constant, operation.result_types[0]),
                 )
             )
         graph.add(op, outputs, constants)
     return graph
+
+
+def _kind(kind: str, operands: list[str], constant_keys: set[str]) -> str:
+    if kind == "constant":
+        return "const"
+    if kind in DECOMPRESSION and all(key in constant_keys for key in operands):
+        return DECOMPRESSION[kind]
+    return kind
+
+
+def _stored(value_type: ValueType, splat: bool) -> Tensor:
+    """A constant as stored: a splat is one value, whatever shape it fills."""
+    if splat:
+        return Tensor(shape=(), dtype=value_type.dtype, bits=value_type.bits)
+    return _tensor(value_type)
 
 
 def _small(read, value_type: ValueType):  # type: ignore[no-untyped-def]

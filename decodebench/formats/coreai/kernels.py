@@ -244,6 +244,49 @@ def _gather(values: list[np.ndarray]) -> np.ndarray:
     return np.take(data, indices.astype(np.int64), axis=int(np.asarray(axis).reshape(-1)[0]))
 
 
+# --- dequantization (coreai-opt's compressed weights) ---------------------------------------
+
+
+def _blocks(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-block parameter (``scale``: one value per block of ``shape``) repeated over its
+    blocks, to ``shape``."""
+    for axis, (size, blocks) in enumerate(zip(shape, value.shape, strict=True)):
+        if blocks != size:
+            value = np.repeat(value, size // blocks, axis=axis)
+    return value
+
+
+@kernel("blockwise_shift_scale")
+def _blockwise_shift_scale(values: list[np.ndarray]) -> np.ndarray:
+    """``scale * (data - offset1) + offset2``, each parameter per block of ``data``."""
+    data, scale, offset1, offset2 = values
+    shape = data.shape
+    shifted = (_wide(data) - _blocks(_wide(offset1), shape)).astype(np.float32)
+    return shifted * _blocks(_wide(scale), shape) + _blocks(_wide(offset2), shape)
+
+
+@kernel("lut_to_dense")
+def _lut_to_dense(values: list[np.ndarray]) -> np.ndarray:
+    """Each index replaced by its entry of the palette of its block (``lut`` is
+    ``[blocks..., palette, vector]``); a vector entry widens ``axis``."""
+    indices, lut, axis = values
+    rank = indices.ndim
+    block = tuple(
+        size // blocks for size, blocks in zip(indices.shape, lut.shape[:rank], strict=True)
+    )
+    grid = np.indices(indices.shape, sparse=True)
+    where = tuple(position // step for position, step in zip(grid, block, strict=True))
+    picked = _wide(lut)[(*where, indices.astype(np.int64))]  # [*indices.shape, vector]
+    vector = lut.shape[-1]
+    if vector == 1:
+        return picked[..., 0]
+    along = int(np.asarray(axis).reshape(-1)[0]) % rank
+    moved = np.moveaxis(picked, -1, along + 1)
+    shape = list(indices.shape)
+    shape[along] *= vector
+    return moved.reshape(shape)
+
+
 MATMULS = frozenset({"batch_matmul", "broadcasting_batch_matmul", "matmul"})
 # Kinds that only move or select values: their results are values of their inputs, already of
 # the declared type, so neither rounded again nor checked for non-finite values.

@@ -41,6 +41,9 @@ ELEMENT_TYPES: dict[str, tuple[str, int]] = {
     "ui8": ("uint8", 8),
     "si4": ("int4", 4),
     "ui4": ("uint4", 4),
+    "si2": ("int2", 2),
+    "ui6": ("uint6", 6),
+    "ui3": ("uint3", 3),
     "ui2": ("uint2", 2),
     "ui1": ("uint1", 1),
     "i1": ("bool", 8),
@@ -89,6 +92,7 @@ class Operation:
     result_types: list[ValueType]
     read_constant: Callable[[], np.ndarray] | None = None
     resource: str | None = None  # the blob a resource-backed constant reads
+    splat: bool = False  # a constant the program stores as one value repeated
     type_texts: list[str] = field(default_factory=list)  # result types as Core AI prints them
 
     @property
@@ -136,18 +140,59 @@ def _reader(operation: Any, value_type: ValueType, mlir_type: Any) -> Callable[[
     attribute = operation.attributes["value"]
 
     def read() -> np.ndarray:
-        array = np.array(attribute)
-        if array.dtype != np.object_:
-            return _as_dtype(array, value_type)
+        if value_type.bits < 8 and value_type.dtype != "bool":
+            splat = _splat_value(attribute)
+            if splat is not None:  # the SDK cannot turn a sub-byte splat into a buffer
+                return np.full(value_type.shape or (), splat, dtype=_unpacked(value_type))
+        else:
+            array = np.array(attribute)
+            if array.dtype != np.object_:
+                return _as_dtype(array, value_type)
         size = math.ceil(math.prod(value_type.shape or ()) * value_type.bits / 8)
         raw = np.zeros(size, dtype=np.uint8)
         _bindings.compiler.copy_constant_value_to_array(constant_op=operation, destination=raw)
+        if value_type.bits < 8 and value_type.dtype.startswith(("int", "uint")):
+            return unpack_bits(raw, value_type)
         if value_type.bits < 8 or value_type.dtype == "bfloat16":
             return raw  # packed: the engine unpacks what it understands
         return raw.view(np.dtype(value_type.dtype)).reshape(value_type.shape or ())
 
     del mlir_type
     return read
+
+
+def _unpacked(value_type: ValueType) -> type[np.generic]:
+    return np.uint8 if value_type.dtype.startswith("uint") else np.int8
+
+
+def _splat_value(attribute: Any) -> float | None:
+    """The one value of a splat constant (``dense<0> : tensor<512x8xsi4>``), else None."""
+    from coreai._compiler import ir
+
+    try:
+        dense = ir.DenseElementsAttr(attribute)
+    except (TypeError, ValueError):
+        return None  # a resource blob
+    if not dense.is_splat:
+        return None
+    value = dense.get_splat_value()
+    return (
+        int(ir.IntegerAttr(value))
+        if ir.IntegerAttr.isinstance(value)
+        else float(ir.FloatAttr(value))
+    )
+
+
+def unpack_bits(raw: np.ndarray, value_type: ValueType) -> np.ndarray:
+    """Sub-byte integers as Core AI packs them (element i in bits i*n..i*n+n-1 of a
+    little-endian bit stream: int4 low nibble first), widened to int8 or uint8."""
+    bits, shape = value_type.bits, value_type.shape or ()
+    count = math.prod(shape)
+    stream = np.unpackbits(raw, bitorder="little")[: count * bits].reshape(count, bits)
+    values = stream.astype(np.int16) @ (1 << np.arange(bits, dtype=np.int16))
+    if not value_type.dtype.startswith("uint"):
+        values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
+    return values.astype(_unpacked(value_type)).reshape(shape)
 
 
 def _as_dtype(array: np.ndarray, value_type: ValueType) -> np.ndarray:
@@ -200,6 +245,7 @@ def _function(graph: Any) -> Function:
         if kind == "constant":
             value_text = str(operation.attributes["value"])
             op.read_constant = _reader(operation, types[0], operation.results[0].type)
+            op.splat = _splat_value(operation.attributes["value"]) is not None
             if value_text.startswith("dense_resource<"):
                 op.resource = value_text.split("<", 1)[1].split(">", 1)[0]
         function.operations.append(op)

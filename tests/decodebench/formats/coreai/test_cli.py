@@ -44,12 +44,12 @@ def test_build_analyze_and_verify_a_core_ai_build_against_core_ml(tmp_path: Path
 
 def test_a_core_ai_build_refuses_what_it_cannot_build_yet_by_name(tmp_path: Path) -> None:
     refused = run_cli(
-        "build", "--format", "coreai", "--preset", "tiny-gqa", "--quant", "w8",
-        "--context", "128", "--out", str(tmp_path / "w8"), "--quiet",
+        "build", "--format", "coreai", "--preset", "tiny-gqa", "--quant", "base",
+        "--context", "128", "--out", str(tmp_path / "base"), "--quiet",
     )  # fmt: skip
     assert refused.returncode == 2
-    assert "quant: a coreai build is fp16 for now" in refused.stderr
-    assert not (tmp_path / "w8").exists()
+    assert "quant: 'base' gives its targets different schemes" in refused.stderr
+    assert not (tmp_path / "base").exists()
     state = run_cli(
         "build", "--format", "coreai", "--kv", "state", "--preset", "tiny-gqa",
         "--context", "128", "--out", str(tmp_path / "state"), "--quiet",

@@ -66,7 +66,9 @@ def test_every_op_of_a_decode_step_agrees_with_apples_runtime(
 
     session, feeds = _session_at_step(coreai_assets[attention])
     report = hold_to_runtime(session.program, session.engine.function, feeds)
-    assert report.ops == len(session.engine.steps) > 250
+    # The ops the engine folds once (the transposed weights) are held too.
+    assert report.ops == len(session.engine.steps) + len(session.engine.folded)
+    assert len(session.engine.steps) > 250
     # fp16 results (matrix products included) bit-exact; fp32 ones within a few ulps.
     assert report.exact >= 0.9 * report.ops
     assert report.by_kind["broadcasting_batch_matmul"] > 0
