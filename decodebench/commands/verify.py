@@ -31,7 +31,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "a", metavar="A", help="first program, .mlpackage or .aimodel (its greedy tokens drive both)"
+        "a",
+        metavar="A",
+        help="first program, .mlpackage or .aimodel (its greedy tokens drive both)",
     )
     parser.add_argument(
         "b", metavar="B", nargs="?", default=None,
