@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decodebench.analysis.analyze import GraphAnalysis, analyze_mlpackage
+from decodebench.analysis.analyze import GraphAnalysis, analyze_graphs, analyze_mlpackage
 from decodebench.building.cache import (
     PACKAGE_NAME,
     REPORT_NAME,
@@ -266,12 +266,14 @@ def convert_in_format(
             held = hold_to_reference(model_format, staged)
         replace_directory(staged, package)
     with clock.stage("analyse"):
-        analysis = analyze_mlpackage(package, variant.format)
+        analysis, graphs = analyze_graphs(package, variant.format)
+        warnings = model_format.known_faults(graphs)
     return job.report(
         config,
         analysis,
         weights_path=str(weights) if weights is not None else None,
         reference_check=held,
+        warnings=warnings,
     )
 
 

@@ -30,20 +30,29 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from decodebench.analysis.analyze import AnalysisError, analyze_graphs, render_analysis
+    from decodebench.analysis.analyze import (
+        AnalysisError,
+        analyze_graphs,
+        format_of,
+        render_analysis,
+    )
     from decodebench.doctor.waste import find_waste
     from decodebench.doctor.waste import render as render_waste
+    from decodebench.formats import get_format
 
     try:
         analysis, graphs = analyze_graphs(Path(args.path))
     except AnalysisError as error:
         raise CliError(str(error)) from None
     waste = find_waste(Path(args.path), analysis, graphs)
+    faults = get_format(format_of(args.path)).known_faults(graphs)
     if args.json:
         payload = analysis.model_dump(mode="json")
         payload["waste"] = [item.model_dump(mode="json") for item in waste]
+        payload["known_faults"] = faults
         print(json.dumps(payload, indent=2, sort_keys=True))
         return 0
     waste_lines = [f"  {line}" for line in render_waste(waste, analysis)]
+    waste_lines += [f"  known fault on phones: {fault}" for fault in faults]
     print(render_analysis(analysis, str(args.path), waste_lines))
     return 0

@@ -160,6 +160,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     )
     if report.reference_check:
         print(f"  {report.reference_check}")
+    for warning in report.warnings:
+        print(f"  warning: {warning}")
     return 0
 
 

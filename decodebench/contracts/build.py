@@ -110,3 +110,8 @@ class BuildReport(Contract):
         description="How the build's decode agreed with its format's own runtime (Core AI: "
         "Apple's, op by op), or why it was not held; none where no such runtime runs here",
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Faults the format's runtime is known to have on phones that this program "
+        "would meet, each naming its op and cause",
+    )

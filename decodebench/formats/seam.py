@@ -97,6 +97,11 @@ class ModelFormat(Protocol):
         exists. A disagreement raises ReferenceDisagreement naming the op."""
         ...
 
+    def known_faults(self, functions: dict[str, Any]) -> list[str]:
+        """Warnings for the faults the format's runtime is known to have on phones, each naming
+        the op of ``functions`` (the package's graphs) that would meet it."""
+        ...
+
     def unpack_upload(
         self, archive: Path, destination: Path, name: str, max_unpacked_bytes: int | None = None
     ) -> Path:

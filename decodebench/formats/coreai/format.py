@@ -46,6 +46,11 @@ class CoreAI:
 
         return hold_build(path)
 
+    def known_faults(self, functions: dict[str, Any]) -> list[str]:
+        from decodebench.formats.coreai.faults import known_faults
+
+        return known_faults(functions)
+
     def unpack_upload(
         self, archive: Path, destination: Path, name: str, max_unpacked_bytes: int | None = None
     ) -> Path:

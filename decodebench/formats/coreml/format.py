@@ -47,6 +47,10 @@ class CoreML:
         del path  # Core ML's runtime needs macOS: the MIL interpreter is the reference here
         return None
 
+    def known_faults(self, functions: dict[str, Any]) -> list[str]:
+        del functions  # none listed for Core ML: its refusals happen at build time
+        return []
+
     def unpack_upload(
         self, archive: Path, destination: Path, name: str, max_unpacked_bytes: int | None = None
     ) -> Path:
