@@ -9,11 +9,14 @@ emulated Core AI run's token ids are the asset's, as a Core ML run's are its pac
 (:mod:`emulator.artifact_tokens`).
 
 An op that makes a non-finite value is an error naming the op (the engine's check); a
-non-finite logit is one naming the position, never a silent argmax.
+non-finite logit is one naming the position, never a silent argmax. An asset whose program does
+not match its ``main.hash`` is refused before Core AI reads it: the SDK aborts the whole
+process on a damaged program, and the emulated phone lives in the agent's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 
@@ -40,12 +43,25 @@ def greedy(logits: np.ndarray, position: int) -> int:
     return int(np.argmax(logits))
 
 
+def check_program_hash(package: Path) -> None:
+    """CoreAIError unless ``main.mlirb`` is what its ``main.hash`` (its sha256) says."""
+    program, digest = package / "main.mlirb", package / "main.hash"
+    try:
+        expected = digest.read_bytes()
+        actual = hashlib.sha256(program.read_bytes()).digest()
+    except OSError as error:
+        raise CoreAIError(f"{package}: unreadable program or hash: {error}") from None
+    if actual != expected:
+        raise CoreAIError(f"{package}: main.mlirb does not match its main.hash (a damaged asset)")
+
+
 class CoreAITokens(TokenSource):
     """The pushed asset itself, decoded on the project's Core AI engine."""
 
     source = "the pushed .aimodel run by the project's Core AI engine"
 
     def __init__(self, package: Path) -> None:
+        check_program_hash(package)
         self.session = HostCacheSession(load_program(package), str(package))
         self.lock = threading.Lock()
 
