@@ -1,8 +1,9 @@
-"""Build artifacts on the agent host: a content-addressed download cache and .mlpackage unpacking.
+"""Build artifacts on the agent host: a content-addressed download cache and package unpacking.
 
 An artifact is a zip of one `.mlpackage` directory (`<name>.mlpackage/Manifest.json`,
 `<name>.mlpackage/Data/…`); a zip of the package's contents (`Manifest.json` at the top) is
-accepted too.
+accepted too. A Core AI build's artifact is a zip of one `<name>.aimodel` folder (its program
+`main.mlirb` beside its metadata), with the build's report beside it as for Core ML.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.drivers.base import ArtifactError
-from decodebench.archives import MANIFEST, ArchiveError, unpack_package
+from decodebench.archives import (
+    AIMODEL_PROGRAM,
+    EVERY_FORMAT,
+    MANIFEST,
+    ArchiveError,
+    unpack_package,
+)
 from decodebench.client import file_sha256
 
 log = logging.getLogger(__name__)
@@ -67,14 +74,16 @@ class ArtifactCache:
 
 
 def unpack_mlpackage(artifact_path: Path, destination: Path) -> Path:
-    """Unpack and check a zipped .mlpackage into `destination`; return the package directory.
+    """Unpack and check a zipped package (.mlpackage or .aimodel) into `destination`; return the
+    package directory.
 
     Raises `ArtifactError` with the reason when the file is not a zip, is damaged, holds no
-    (or more than one) Manifest.json, tries to write outside `destination`, or its manifest
-    names items the package does not contain (the rule of :mod:`decodebench.archives`).
+    (or more than one) package, tries to write outside `destination`, or its manifest names
+    items the package does not contain (the rule of :mod:`decodebench.archives`).
     """
     try:
-        return unpack_package(artifact_path, destination, f"artifact {artifact_path.name}")
+        name = f"artifact {artifact_path.name}"
+        return unpack_package(artifact_path, destination, name, suffixes=EVERY_FORMAT)
     except ArchiveError as error:
         raise ArtifactError(str(error)) from None
 
@@ -101,7 +110,7 @@ class PackageCache:
             marker = destination / self.MARKER
             if marker.is_file():
                 package = destination / marker.read_text()
-                if (package / MANIFEST).is_file():
+                if (package / MANIFEST).is_file() or (package / AIMODEL_PROGRAM).is_file():
                     return package
             self.root.mkdir(parents=True, exist_ok=True)
             package = unpack_mlpackage(artifact_path, destination)

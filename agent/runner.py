@@ -110,6 +110,17 @@ def prompt_ids(assignment: RunAssignment, vocab_size: int) -> list[list[int]]:
     return [prompt.token_ids(vocab_size) for prompt in builtin_prompts(assignment.prompts)]
 
 
+def check_engine(driver: DeviceDriver, job: HarnessJob) -> None:
+    """A driver that decodes only some formats (``engines``) refuses a job of another by name,
+    before its artifact is fetched."""
+    engines = getattr(driver, "engines", None)
+    if engines is not None and job.engine not in engines:
+        raise JobError(
+            f"the {driver.name} driver decodes {' and '.join(engines)} packages only; this run's "
+            f"variant {job.variant_label} is in format {job.engine}"
+        )
+
+
 def check_result(job: HarnessJob, device: DeviceInfo, result: RunResult) -> None:
     if result.device_udid != device.udid or result.device_class != device.device_class:
         raise ResultMismatch(
@@ -253,6 +264,7 @@ class RunExecutor:
         with LeaseKeeper(self.client, run_id, assignment.lease_seconds, cancel) as lease:
             try:
                 job = build_job(assignment, device)
+                check_engine(self.driver, job)
                 assign = getattr(self.driver, "assign", None)
                 if assign is not None:  # stand-in devices time with the server's profile
                     assign(device, assignment)

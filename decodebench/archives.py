@@ -1,14 +1,16 @@
-"""Zipped Core ML packages: what such an archive may hold, where its package is, and unpacking it.
+"""Zipped model packages: what such an archive may hold, where its package is, and unpacking it.
 
 One rule for everyone who takes a package as a zip: the CLI and the server when a user uploads
 one, the build worker and the doctor when they adopt it, the agent when it installs a build.
 
 * every entry stays inside the extraction folder: no absolute path, no ``..``, no backslash, no
   drive letter, no symbolic link;
-* exactly one ``Manifest.json`` where a package keeps it: ``<name>.mlpackage/Manifest.json``, or
-  ``Manifest.json`` at the top (a zip of the package's contents);
+* exactly one package, found by its anchor file: a Core ML package's ``Manifest.json``
+  (``<name>.mlpackage/Manifest.json``, or ``Manifest.json`` at the top, a zip of the package's
+  contents); where the caller accepts Core AI too (the agent installing a build), a Core AI
+  asset's program ``<name>.aimodel/main.mlirb`` (only as a folder: its name says its format);
 * at most a given number of bytes once unpacked, when a limit is given;
-* once unpacked, every item the manifest lists is under the package's ``Data/``.
+* once unpacked, every item a Core ML manifest lists is under the package's ``Data/``.
 
 Every refusal is an :class:`ArchiveError` whose message starts with the archive's name; the
 callers turn it into their own error (a refused upload, a failed build, an unusable artifact).
@@ -26,6 +28,11 @@ from pathlib import Path, PurePosixPath
 
 MANIFEST = "Manifest.json"
 WHERE = f"<name>.mlpackage/{MANIFEST}, or {MANIFEST} at the top"
+# A Core AI asset is a folder named *.aimodel holding its program (decodebench.formats.coreai).
+AIMODEL_SUFFIX = ".aimodel"
+AIMODEL_PROGRAM = "main.mlirb"
+COREML_ONLY = (".mlpackage",)
+EVERY_FORMAT = (".mlpackage", AIMODEL_SUFFIX)
 
 
 class ArchiveError(ValueError):
@@ -34,7 +41,8 @@ class ArchiveError(ValueError):
 
 @dataclass(frozen=True)
 class PackageArchive:
-    """What a checked archive holds: its package's manifest entry and its unpacked size."""
+    """What a checked archive holds: its package's anchor entry (a Core ML manifest, a Core AI
+    program) and its unpacked size."""
 
     manifest: str
     unpacked_bytes: int
@@ -53,6 +61,26 @@ def is_manifest(member: PurePosixPath) -> bool:
     return len(member.parts) == 1 or (
         len(member.parts) == 2 and member.parts[0].endswith(".mlpackage")
     )
+
+
+def is_anchor(member: PurePosixPath, suffixes: tuple[str, ...]) -> bool:
+    """Whether an entry marks a package of an accepted format (``suffixes``)."""
+    if ".mlpackage" in suffixes and is_manifest(member):
+        return True
+    return (
+        AIMODEL_SUFFIX in suffixes
+        and member.name == AIMODEL_PROGRAM
+        and len(member.parts) == 2
+        and member.parts[0].endswith(AIMODEL_SUFFIX)
+    )
+
+
+def _expected(suffixes: tuple[str, ...]) -> str:
+    expected = f"a zipped .mlpackage ({WHERE})"
+    if AIMODEL_SUFFIX in suffixes:
+        folder = f"<name>{AIMODEL_SUFFIX}"
+        expected += f" or a zipped {folder} folder ({folder}/{AIMODEL_PROGRAM})"
+    return expected
 
 
 def check_entry(entry: zipfile.ZipInfo, name: str) -> PurePosixPath:
@@ -74,9 +102,13 @@ def check_entry(entry: zipfile.ZipInfo, name: str) -> PurePosixPath:
 
 
 def read_package_archive(
-    path: Path, name: str, max_unpacked_bytes: int | None = None
+    path: Path,
+    name: str,
+    max_unpacked_bytes: int | None = None,
+    suffixes: tuple[str, ...] = COREML_ONLY,
 ) -> PackageArchive:
-    """Check a zipped package's entries (see the module) without unpacking it."""
+    """Check a zipped package's entries (see the module) without unpacking it; ``suffixes``:
+    the package formats accepted (Core ML only, unless the caller says otherwise)."""
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
@@ -88,9 +120,11 @@ def read_package_archive(
     for entry in entries:
         member = check_entry(entry, name)
         unpacked += entry.file_size
-        if is_manifest(member):
+        if is_anchor(member, suffixes):
             manifests.append(entry.filename)
-        elif member.name == MANIFEST:
+        elif member.name == MANIFEST or (
+            AIMODEL_SUFFIX in suffixes and member.name == AIMODEL_PROGRAM
+        ):
             misplaced.append(entry.filename)
     if max_unpacked_bytes is not None and unpacked > max_unpacked_bytes:
         raise ArchiveError(
@@ -100,24 +134,28 @@ def read_package_archive(
     if not manifests:
         found = f" ({', '.join(sorted(misplaced))} is not where a package keeps it)"
         raise ArchiveError(
-            f"{name}: contains no {MANIFEST}{found if misplaced else ''}: expected a zipped "
-            f".mlpackage ({WHERE})"
+            f"{name}: contains no {MANIFEST}{found if misplaced else ''}: expected "
+            f"{_expected(suffixes)}"
         )
     if len(manifests) > 1:
         raise ArchiveError(
             f"{name}: holds more than one package ({', '.join(sorted(manifests))}); expected "
-            f"exactly one ({WHERE})"
+            f"exactly one, {_expected(suffixes)}"
         )
     return PackageArchive(manifest=manifests[0], unpacked_bytes=unpacked)
 
 
 def unpack_package(
-    path: Path, destination: Path, name: str, max_unpacked_bytes: int | None = None
+    path: Path,
+    destination: Path,
+    name: str,
+    max_unpacked_bytes: int | None = None,
+    suffixes: tuple[str, ...] = COREML_ONLY,
 ) -> Path:
-    """Check, unpack (into ``destination``, replaced whole) and check again a zipped package;
-    returns the package's folder. A damaged archive (a checksum that does not match) is refused
-    before anything is written to ``destination``."""
-    listing = read_package_archive(path, name, max_unpacked_bytes)
+    """Check, unpack (into ``destination``, replaced whole) and check again a zipped package of
+    an accepted format (``suffixes``); returns the package's folder. A damaged archive (a
+    checksum that does not match) is refused before anything is written to ``destination``."""
+    listing = read_package_archive(path, name, max_unpacked_bytes, suffixes)
     partial = destination.with_name(destination.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
@@ -135,7 +173,8 @@ def unpack_package(
     shutil.rmtree(destination, ignore_errors=True)
     partial.replace(destination)
     package = destination / listing.prefix if listing.prefix else destination
-    check_manifest(package)
+    if package.suffix != AIMODEL_SUFFIX:  # an asset's program was found where it belongs
+        check_manifest(package)
     return package
 
 

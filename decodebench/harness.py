@@ -6,6 +6,12 @@ iPhone's launcher (``emulator``) and the agent's host driver. Each drives a
 in state, or with ``kv="input"`` in arrays the harness holds and writes each step's new K/V
 into), so prefill is the prompt fed one token at a time.
 
+A job names its *engine*, the model format of its variant (:data:`HARNESS_ENGINES`): ``coreml``
+(an ``.mlpackage`` on Core ML) or ``coreai`` (an ``.aimodel`` on Core AI, its K/V always
+inputs). A job for any other engine is refused by name. For Core AI, the cold load is the
+asset's *specialization* for the device (Core AI's compile step), the warm load a second load
+of the specialized asset.
+
 Per prompt, with ``n`` prompt tokens and ``N = decode_tokens``:
 
 - the state is reset; steps over prompt tokens ``p_0 .. p_{n-1}`` at positions ``0 .. n-1`` are
@@ -46,8 +52,9 @@ Measured around the sweep (``decodebench.contracts.results.RunResult``):
 The harness's Documents directory (pushed and pulled by the agent over AFC):
 
 - ``job.json``: a :class:`HarnessJob`;
-- ``models/<artifact sha256>/model.mlpackage``: the pushed package, complete once
-  ``models/<artifact sha256>/complete`` exists (a push cut short leaves no marker);
+- ``models/<artifact sha256>/model.mlpackage`` (``model.aimodel`` for a Core AI job): the
+  pushed package, complete once ``models/<artifact sha256>/complete`` exists (a push cut short
+  leaves no marker);
 - ``results.json``: a :class:`~decodebench.contracts.results.RunResult`, written atomically
   (``results.json.partial`` then rename);
 - ``done``: a :class:`DoneMarker`, written after ``results.json`` (or instead of it on error,
@@ -67,10 +74,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.names import (  # noqa: F401  (part of the harness protocol)
+    ARTIFACT_NAMES,
+    DEFAULT_FORMAT,
     DONE_MARKER,
     JOB_FILE,
     PACKAGE_NAME,
     RESULTS_FILE,
+    FormatName,
 )
 from decodebench.contracts.results import PromptResult
 
@@ -106,8 +116,32 @@ def model_dir(artifact_sha256: str) -> str:
     return f"{MODELS_DIR}/{artifact_sha256}"
 
 
-def package_path(artifact_sha256: str) -> str:
-    return f"{model_dir(artifact_sha256)}/{PACKAGE_NAME}"
+# The runtimes a harness decodes with, one per model format: a job's engine is its variant's
+# format, and a job for another engine is refused by name.
+HARNESS_ENGINE = DEFAULT_FORMAT.value
+HARNESS_ENGINES = tuple(name.value for name in FormatName)
+
+
+def artifact_name(engine: str = HARNESS_ENGINE) -> str:
+    """The package's name on the phone for a job of ``engine`` (model.mlpackage, model.aimodel)."""
+    if engine not in HARNESS_ENGINES:
+        raise ValueError(
+            f"engine {engine!r}: the harness decodes with {', '.join(HARNESS_ENGINES)}"
+        )
+    return ARTIFACT_NAMES[FormatName(engine)]
+
+
+def package_engine(name: str) -> str:
+    """The engine of a package by its folder's name (``.aimodel`` is Core AI, else Core ML)."""
+    for engine in HARNESS_ENGINES:
+        suffix = ARTIFACT_NAMES[FormatName(engine)].rpartition(".")[2]
+        if name.endswith(f".{suffix}"):
+            return engine
+    return HARNESS_ENGINE
+
+
+def package_path(artifact_sha256: str, engine: str = HARNESS_ENGINE) -> str:
+    return f"{model_dir(artifact_sha256)}/{artifact_name(engine)}"
 
 
 class HarnessPrompt(BaseModel):
@@ -115,10 +149,6 @@ class HarnessPrompt(BaseModel):
 
     index: int = Field(ge=0)
     token_ids: list[int] = Field(min_length=1)
-
-
-# The runtime the iOS harness decodes with (a job for another engine is refused by name).
-HARNESS_ENGINE = "coreml"
 
 
 class HarnessJob(BaseModel):
@@ -134,11 +164,14 @@ class HarnessJob(BaseModel):
     device_udid: str = Field(default="", description="Echoed into results.json")
     driver: str = Field(default="", description="Echoed into results.json")
     artifact_sha256: str
-    package_path: str = Field(default="", description="The .mlpackage, relative to Documents")
+    package_path: str = Field(
+        default="", description="The package (.mlpackage or .aimodel), relative to Documents"
+    )
     engine: str = Field(
         default=HARNESS_ENGINE,
         max_length=32,
-        description="The runtime the phone decodes the package with: its model format (coreml)",
+        description="The runtime the phone decodes the package with: its model format "
+        "(coreml or coreai)",
     )
     bytes_per_token: int = Field(description="Analysed bytes moved per decoded token")
     context_tokens: int = Field(ge=1, description="KV-cache length the model was built for")
@@ -173,8 +206,13 @@ def job_problem(job: HarnessJob) -> str | None:
             f"job.json speaks harness protocol {job.protocol_version}, the harness speaks "
             f"{HARNESS_PROTOCOL_VERSION}"
         )
-    if job.engine != HARNESS_ENGINE:
-        return f"job.json asks for engine {job.engine}; the harness decodes with {HARNESS_ENGINE}"
+    if job.engine not in HARNESS_ENGINES:
+        return (
+            f"job.json asks for engine {job.engine}; the harness decodes with "
+            f"{' or '.join(HARNESS_ENGINES)}"
+        )
+    if job.variant is not None and job.variant.format.value != job.engine:
+        return f"job.json asks for engine {job.engine} for a {job.variant.format.value} variant"
     if job.warmup_steps > job.context_tokens:
         return (
             f"warmup_steps {job.warmup_steps} exceeds the context of {job.context_tokens} "

@@ -92,6 +92,14 @@ def installed_toolchain(format_name: str = "coreml") -> dict[str, str]:
     return {**versions, CODE_KEY: installed_code()}
 
 
+def format_toolchain(toolchain: Mapping[str, str], format_name: str = "coreml") -> dict[str, str]:
+    """What of a toolchain naming every format's packages keys a build in ``format_name``: that
+    format's packages and the code fingerprint (a Core ML build keeps exactly the key it had
+    before Core AI's packages were named beside its own)."""
+    packages = (*FORMAT_TOOLCHAINS.get(format_name, TOOLCHAIN_PACKAGES), CODE_KEY)
+    return {package: toolchain[package] for package in packages if package in toolchain}
+
+
 def toolchain_identity(versions: Mapping[str, str]) -> dict[str, str]:
     """Any spelling of a toolchain (``torch.__version__`` and the like) in its canonical form."""
     return {package: release(version) for package, version in versions.items()}

@@ -1,12 +1,13 @@
 """The harness app of an emulated iPhone: the decode sweep protocol in Python, on a worker thread.
 
-It does what ios_harness does, minus Core ML: read ``job.json`` (a missing, unreadable or
-out-of-bounds job, or one of another protocol version, still ends with a done marker saying
-why), check the pushed package, run warm-up and every prompt through a step engine, write
-``results.json`` atomically and then the ``done`` marker. The step engine is the roofline clock
-of the device's profile (virtual time); greedy tokens come from the pushed package run by the
-MIL interpreter (``emulator.artifact_tokens``) when it is small enough, or from the
-source the device is set to. Around the steps it measures what the phone's harness measures, by
+It does what ios_harness does, minus Core ML and Core AI: read ``job.json`` (a missing,
+unreadable or out-of-bounds job, or one of another protocol version, still ends with a done
+marker saying why), check the pushed package of the job's engine (an ``.mlpackage`` or an
+``.aimodel``), run warm-up and every prompt through a step engine, write ``results.json``
+atomically and then the ``done`` marker. The step engine is the roofline clock of the device's
+profile (virtual time); greedy tokens come from the pushed package itself when it is small
+enough, run by the MIL interpreter (Core ML) or the project's Core AI engine (Core AI), or from
+the source the device is set to (``emulator.run_tokens``). Around the steps it measures what the phone's harness measures, by
 the same definitions (``decodebench.harness``): the footprint sampled after every step (a
 stated model: runtime + weights + KV cache), the compile peak apart, the thermal state after
 every prompt and a bounded wait for nominal, and an ``interrupt`` fault makes the app leave the
@@ -31,9 +32,7 @@ from pydantic import ValidationError
 from decodebench.contracts.names import Driver
 from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.contracts.results import RunResult, ThermalState
-from decodebench.formats.coreml.program import MilError
 from decodebench.harness import (
-    COMPLETE_MARKER,
     DONE_MARKER,
     HARNESS_LOG,
     HARNESS_PROCESS_NAME,
@@ -57,9 +56,8 @@ from decodebench.timing import (
     TokenSource,
     prompt_seed,
 )
-from emulator.artifact_tokens import MIL_AUTO_MAX_BYTES, MIL_SESSIONS
 from emulator.faults import FaultKind
-from emulator.reference import ReferenceCache
+from emulator.run_tokens import ARTIFACT_ERRORS, package_ready, token_source
 from emulator.run_watch import EmulatedObserver, Footprint, thermal_wait_ms
 
 if TYPE_CHECKING:
@@ -69,7 +67,6 @@ log = logging.getLogger(__name__)
 
 DRIVER_NAME = Driver.emulated
 _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="emulated-app")
-REFERENCES = ReferenceCache()
 
 
 HARNESS_PROTOCOL_KEY = "DecodebenchHarnessProtocol"  # Info.plist key of the harness app
@@ -197,8 +194,8 @@ def run_harness(
     except JobRefused as refused:
         return _failed(documents, say, refused.run_id, refused.reason, str(refused))
     package = documents / job.package_path
-    if not (package.parent / COMPLETE_MARKER).exists() or not (package / "Manifest.json").is_file():
-        message = f"model package {job.package_path} is missing or incomplete"
+    if not package_ready(package, job.engine):
+        message = f"{job.engine} model package {job.package_path} is missing or incomplete"
         return _failed(documents, say, job.run_id, FailureReason.missing_package, message)
     package_bytes = sum(path.stat().st_size for path in package.rglob("*") if path.is_file())
     say(f"run {job.run_id}: compiling {job.package_path} ({package_bytes:,} bytes)")
@@ -222,7 +219,7 @@ def run_harness(
     except RunInterrupted as interrupted:
         message = f"interrupted: {interrupted}; the run is abandoned"
         return _failed(documents, say, job.run_id, FailureReason.interrupted, message)
-    except MilError as error:
+    except ARTIFACT_ERRORS as error:
         return _failed(documents, say, job.run_id, FailureReason.model_error, str(error))
     result = RunResult(
         device_udid=job.device_udid or device.udid,
@@ -241,7 +238,7 @@ def run_harness(
         thermal_state_start=thermal_start,
         thermal_state_end=condition.thermal_state,
         timing_model=describe_emulated_timing(
-            profile, job.bytes_per_token, timing, noise, tokens, dispatch_ops
+            profile, job.bytes_per_token, timing, noise, tokens, dispatch_ops, job.engine
         )
         + f"; {footprint.describe()}",
         prompts=prompts,
@@ -322,31 +319,6 @@ def _finish(documents: Path, marker: DoneMarker) -> None:
     partial.replace(documents / DONE_MARKER)
 
 
-def token_source(
-    device: EmulatedDevice,
-    job: HarnessJob,
-    package: Path,
-    package_bytes: int,
-    say: HarnessLog | None = None,
-) -> TokenSource | None:
-    """Greedy tokens for this run, per the device's `tokens` setting (see device.TOKEN_SOURCES):
-    mil runs the pushed package in the MIL interpreter; auto does too up to MIL_AUTO_MAX_BYTES,
-    and runs without token ids when the interpreter cannot load the program; torch rebuilds the
-    model from its preset; off gives none."""
-    if device.tokens == "mil":
-        return MIL_SESSIONS.get(package)
-    if device.tokens == "auto" and package_bytes <= MIL_AUTO_MAX_BYTES:
-        try:
-            return MIL_SESSIONS.get(package)
-        except MilError as error:
-            if say is not None:
-                say(f"run {job.run_id}: no token ids: the MIL interpreter cannot run it: {error}")
-            return None
-    if device.tokens == "torch" and job.variant is not None:
-        return REFERENCES.get(job.model, job.variant)
-    return None
-
-
 def describe_emulated_timing(
     profile: DeviceProfile,
     bytes_per_token: int,
@@ -354,6 +326,7 @@ def describe_emulated_timing(
     noise: RunNoise,
     tokens: TokenSource | None,
     dispatch_ops: int = 0,
+    engine: str = "coreml",
 ) -> str:
     latency_ms = 1000 * profile.seconds_per_token(bytes_per_token, dispatch_ops)
     overhead = (
@@ -363,13 +336,18 @@ def describe_emulated_timing(
         else ""
     )
     tokens_from = f"greedy tokens from {tokens.source}" if tokens is not None else "no token ids"
+    runtime, cold = (
+        ("Core AI", "load cold (specialization)")
+        if engine == "coreai"
+        else ("Core ML", "load cold")
+    )
     return (
-        f"emulated iPhone (fake usbmuxd, lockdown, installation_proxy, house_arrest/AFC; no Core "
-        f"ML executed): every model step = bytes_per_token ({bytes_per_token:,} B) / effective "
+        f"emulated iPhone (fake usbmuxd, lockdown, installation_proxy, house_arrest/AFC; no "
+        f"{runtime} executed): every model step = bytes_per_token ({bytes_per_token:,} B) / effective "
         f"bandwidth ({profile.effective_bandwidth_mb_s:,.1f} MB/s){overhead}, "
         f"{profile.device_class} profile: {profile.source} = {latency_ms:.4f} ms, times {noise.describe()}, seeded by (run, "
         f"device); prefill steps "
-        f"the prompt one token at a time, as the converted model does; load cold = "
+        f"the prompt one token at a time, as the converted model does; {cold} = "
         f"{timing.cold_load_fixed_ms:g} ms + package bytes / {timing.cold_load_bytes_s / 1e6:g} "
         f"MB/s, warm = {timing.warm_load_fixed_ms:g} ms + package bytes / "
         f"{timing.warm_load_bytes_s / 1e6:g} MB/s; {tokens_from}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,9 @@ from decodebench.formats.coreml.program import MilError, load_package
 from decodebench.formats.coreml.verify import DecodeSession
 from decodebench.timing import TokenSource
 
-# "auto" interprets packages up to this size (tiny-gqa, 7 MiB, takes about 0.2 s a step on a
-# 2-core host); larger ones run without token ids rather than for hours.
+# "auto" decodes packages up to this size (tiny-gqa, 7 MiB, takes about 0.2 s a step in the MIL
+# interpreter on a 2-core host); larger ones run without token ids rather than for hours. The
+# same limit holds for Core AI assets on the project's engine.
 MIL_AUTO_MAX_BYTES = 32 * 2**20
 CACHE_INPUT = re.compile(r"^(key|value)_cache_(\d+)$")
 
@@ -124,21 +126,25 @@ class MilTokens(TokenSource):
         return greedy(self.session.step(token, position), position)
 
 
-class MilSessions:
-    """One interpreter session per package path (loading one parses the whole program)."""
+class ArtifactSessions:
+    """One decode session per package path (loading one parses the whole program), made by
+    ``factory``: the MIL interpreter's for Core ML packages, the Core AI engine's for assets."""
 
-    def __init__(self, capacity: int = 2) -> None:
+    def __init__(
+        self, factory: Callable[[Path], TokenSource] = MilTokens, capacity: int = 2
+    ) -> None:
+        self._factory = factory
         self._capacity = capacity
-        self._sessions: dict[Path, MilTokens] = {}
+        self._sessions: dict[Path, TokenSource] = {}
         self._lock = threading.Lock()
 
-    def get(self, package: Path) -> MilTokens:
+    def get(self, package: Path) -> TokenSource:
         with self._lock:
-            session = self._sessions.pop(package, None) or MilTokens(package)
+            session = self._sessions.pop(package, None) or self._factory(package)
             self._sessions[package] = session
             while len(self._sessions) > self._capacity:
                 self._sessions.pop(next(iter(self._sessions)))
             return session
 
 
-MIL_SESSIONS = MilSessions()
+MIL_SESSIONS = ArtifactSessions(MilTokens)

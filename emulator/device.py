@@ -29,9 +29,10 @@ from emulator.pairing import DeviceKeys, HostIdentity, pair_record
 log = logging.getLogger(__name__)
 
 LOCKDOWN_PORT = 62078
-# Where the harness app gets greedy tokens: the pushed package run by the MIL reference
-# interpreter (faithful to the artifact, slow), the PyTorch reference decoder, none, or auto
-# (PyTorch when the model is small).
+# Where the harness app gets greedy tokens (emulator.run_tokens): the pushed package run by its
+# format's reference engine, the MIL interpreter or the project's Core AI engine (faithful to
+# the artifact, slow), the PyTorch reference decoder, none, or auto (the pushed package when it
+# is small).
 TOKEN_SOURCES = ("auto", "torch", "mil", "off")
 FIRST_SERVICE_PORT = 49152
 # Per device class: what a current phone of that class reports.

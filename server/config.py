@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     # Builds are keyed by the toolchain that makes them; workers refuse to build for another one.
     toolchain_coremltools: str = "9.0"
     toolchain_torch: str = "2.13.0"
+    # A Core AI build is keyed by torch and these (decodebench.toolchain.FORMAT_TOOLCHAINS).
+    toolchain_coreai_core: str = "1.0.0b3"
+    toolchain_coreai_torch: str = "0.4.3"
     # Database connections per server process; a request waits at most the pool timeout for
     # one, then gets 503 with Retry-After (docs: README "Under load and faults").
     db_pool_size: int = Field(default=8, ge=1, le=100)
@@ -96,10 +99,14 @@ class Settings(BaseSettings):
 
     @property
     def toolchain(self) -> dict[str, str]:
+        """Every format's packages; a build is keyed by its format's part of it
+        (:func:`decodebench.toolchain.format_toolchain`)."""
         return {
             "decodebench": __version__,
             "coremltools": self.toolchain_coremltools,
             "torch": self.toolchain_torch,
+            "coreai-core": self.toolchain_coreai_core,
+            "coreai-torch": self.toolchain_coreai_torch,
             CODE_KEY: installed_code(),
         }
 

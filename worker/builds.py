@@ -18,7 +18,9 @@ def build(held: Held[BuildAssignment]) -> tuple[BuildOutcome, str]:
     from decodebench.building.build import toolchain_versions
 
     try:
-        check_toolchain(held.assignment.toolchain, toolchain_versions())
+        # A Core AI build is keyed by Core AI's packages, not coremltools.
+        installed = toolchain_versions(None, held.assignment.variant.format)
+        check_toolchain(held.assignment.toolchain, installed)
     except ToolchainMismatch as error:
         raise Refused(str(error)) from None
     out_dir = held.tmp / "out"

@@ -41,6 +41,7 @@ from decodebench.contracts.names import JOB_FILE, RESULTS_FILE, DeviceStatus, Dr
 from decodebench.contracts.profiles import DeviceProfile, get_profile
 from decodebench.contracts.protocol import DeviceInfo, RunAssignment
 from decodebench.contracts.results import PromptResult, RunResult, ThermalState
+from decodebench.harness import package_engine
 from decodebench.timing import (
     RunNoise,
     TimingParameters,
@@ -66,8 +67,11 @@ def describe_timing_model(
     timing: TimingParameters,
     noise: RunNoise,
     dispatch_ops: int = 0,
+    engine: str = "coreml",
 ) -> str:
     latency_ms = decode_latency_s(profile, bytes_per_token, dispatch_ops) * 1000
+    # A Core AI asset's cold load is its specialization for the device (Core AI's compile).
+    cold = "load cold (specialization)" if engine == "coreai" else "load cold"
     overhead = (
         f" + dispatched ops ({dispatch_ops:,}) x per-op overhead "
         f"({profile.dispatch_overhead_us:g} us)"
@@ -75,12 +79,12 @@ def describe_timing_model(
         else ""
     )
     return (
-        f"simulated roofline, no model executed: decode latency per token = bytes_per_token "
+        f"simulated roofline, no model executed ({engine} package): decode latency per token = bytes_per_token "
         f"({bytes_per_token:,} B) / effective bandwidth ({profile.effective_bandwidth_mb_s:,.1f} "
         f"MB/s){overhead}, {profile.device_class} profile: {profile.source} = {latency_ms:.4f} "
         "ms, times "
         f"{noise.describe()}, seeded by (run, device, prompt); prefill per prompt token = decode "
-        f"latency / {timing.prefill_parallelism:g}; load cold = {timing.cold_load_fixed_ms:g} ms "
+        f"latency / {timing.prefill_parallelism:g}; {cold} = {timing.cold_load_fixed_ms:g} ms "
         f"+ package bytes / {timing.cold_load_bytes_s / 1e6:g} MB/s, warm = "
         f"{timing.warm_load_fixed_ms:g} ms + package bytes / {timing.warm_load_bytes_s / 1e6:g} "
         f"MB/s; peak memory = package bytes + {timing.runtime_overhead_bytes / 2**20:g} MiB"
@@ -153,7 +157,7 @@ def simulate_run(
         thermal_state_start=device.thermal_state,
         thermal_state_end=device.thermal_state,
         timing_model=describe_timing_model(
-            profile, job.bytes_per_token, timing, run.noise, dispatch_ops
+            profile, job.bytes_per_token, timing, run.noise, dispatch_ops, job.engine
         ),
         prompts=prompts,
     )
@@ -300,6 +304,12 @@ class SimulatedDriver:
                 f"device {device.udid}: artifact {job.artifact_sha256[:12]} not installed"
             )
         pushed = HarnessJob.model_validate_json((state.documents / JOB_FILE).read_text())
+        installed_engine = package_engine(state.installed.package_path.name)
+        if installed_engine != pushed.engine:
+            raise DriverError(
+                f"device {device.udid}: the job asks for engine {pushed.engine}, the installed "
+                f"artifact is a {installed_engine} package ({state.installed.package_path.name})"
+            )
         with self._lock:
             profile, dispatch_ops = self._assigned.pop(pushed.run_id, (None, 0))
         result = simulate_run(

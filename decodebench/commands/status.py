@@ -1,8 +1,9 @@
 """``decodebench status SWEEP_ID``: a sweep's comparison table, and what the model answered.
 
-One row per device class x variant: decode tok/s with its 95% interval, the verdict against the
-baseline variant, the predicted tok/s, the tile ops, and whether the timings were measured on an
-iPhone or simulated. Sweeps of models with a tokenizer add each variant's answers beside the fp32
+One row per device class x variant: the variant's model format (Core ML, Core AI), decode tok/s
+with its 95% interval, the verdict against the baseline variant, the predicted tok/s, the tile
+ops, the mean cold and warm load (a Core AI cold load is the asset's specialization), and
+whether the timings were measured on an iPhone or simulated. Sweeps of models with a tokenizer add each variant's answers beside the fp32
 reference. Exit status 0, or 2 on a server error.
 """
 
@@ -61,10 +62,24 @@ def _versus_baseline(row: ComparisonRow, baseline: str) -> str:
     return f"{decode.interval_text()} {decode.label}{changed}"
 
 
+FORMAT_TITLES = {"coreml": "Core ML", "coreai": "Core AI"}
+
+
+def _loads(row: ComparisonRow) -> str:
+    """``412 / 35`` (cold / warm ms); a Core AI cold load is labelled its specialization."""
+    if row.load_time_cold_ms is None or row.load_time_warm_ms is None:
+        return "—"
+    cold = f"{row.load_time_cold_ms:.0f}"
+    if row.format == "coreai":
+        cold += " (specialization)"
+    return f"{cold} / {row.load_time_warm_ms:.0f}"
+
+
 def format_comparison(sweep: SweepDetail) -> str:
     header = (
-        f"{'device':16s} {'variant':28s} {'decode tok/s':>18s} {'vs baseline (95% CI)':>34s} "
-        f"{'predicted':>10s} {'tiles':>6s} {'tile MiB':>9s}  source"
+        f"{'device':16s} {'variant':28s} {'format':7s} {'decode tok/s':>18s} "
+        f"{'vs baseline (95% CI)':>34s} {'predicted':>10s} {'tiles':>6s} {'tile MiB':>9s} "
+        f"{'load ms cold / warm':>28s}  source"
     )
     lines = [
         f"sweep {sweep.id} · {sweep.model} · {sweep.state}",
@@ -79,9 +94,10 @@ def format_comparison(sweep: SweepDetail) -> str:
         tiles = "—" if row.tile_ops is None else str(row.tile_ops)
         tile_mib = "—" if row.tile_mib is None else f"{row.tile_mib:.1f}"
         source = {True: "SIMULATED", False: "measured", None: "—"}[row.simulated]
+        kind = FORMAT_TITLES.get(row.format, row.format)
         lines.append(
-            f"{row.device_class:16s} {row.variant:28s} {rate:>18s} {speedup:>34s} "
-            f"{predicted:>10s} {tiles:>6s} {tile_mib:>9s}  {source}"
+            f"{row.device_class:16s} {row.variant:28s} {kind:7s} {rate:>18s} {speedup:>34s} "
+            f"{predicted:>10s} {tiles:>6s} {tile_mib:>9s} {_loads(row):>28s}  {source}"
         )
     if sweep.simulated:
         lines.append(

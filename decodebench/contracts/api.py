@@ -16,7 +16,15 @@ from decodebench.contracts.analysis import BytesPerToken
 from decodebench.contracts.base import Contract
 from decodebench.contracts.build import BuildReport
 from decodebench.contracts.domain import SweepSpec, VariantSpec
-from decodebench.contracts.names import BuildState, DeviceStatus, Driver, RunState, SweepState
+from decodebench.contracts.names import (
+    DEFAULT_FORMAT,
+    BuildState,
+    DeviceStatus,
+    Driver,
+    FormatName,
+    RunState,
+    SweepState,
+)
 from decodebench.contracts.protocol import DeviceCheck
 from decodebench.contracts.results import ThermalState
 from decodebench.contracts.verdicts import OutputAgreement, VariantVerdict
@@ -133,6 +141,17 @@ class ComparisonRow(_Response):
     tile_mib: float | None
     bytes_per_token: int | None
     simulated: bool | None = Field(description="True when any result came from a fake device")
+    format: FormatName = Field(
+        default=DEFAULT_FORMAT, description="The variant's model format (coreml, coreai)"
+    )
+    load_time_cold_ms: float | None = Field(
+        default=None,
+        description="Mean cold load of the succeeded runs: compiling the model on the device "
+        "(for Core AI, the asset's specialization)",
+    )
+    load_time_warm_ms: float | None = Field(
+        default=None, description="Mean warm load of the succeeded runs (compiled already)"
+    )
     verdict: VariantVerdict | None = Field(
         default=None,
         description="Against the sweep's baseline variant on this device class: ratios with 95% "

@@ -30,6 +30,8 @@ class KVCache(StrEnum):
 
 
 MAX_PREFILL_CHUNK = 512
+# Each format's own K/V layout, left out of a derived label (Core AI passes the cache in).
+_FORMAT_KV = {FormatName.coreml: KVCache.state, FormatName.coreai: KVCache.input}
 
 # Axes added after builds were first keyed: left out of the identity while at their default, so
 # every build keyed before they existed keeps its key (and its artifact).
@@ -171,12 +173,16 @@ class VariantSpec(Incoming):
 
     @property
     def label(self) -> str:
+        """Derived from the axes; a format other than Core ML leads it (``coreai-folded-…``),
+        so rows of both formats of one model tell apart wherever a label is shown."""
         if self.name:
             return self.name
         if self.package is not None:
             return f"{self.package}{'-fold' if self.fold else ''}-ctx{self.context}"
         parts = [self.attention.value, f"ctx{self.context}", self.quant]
-        if self.kv != KVCache.state:
+        if self.format != DEFAULT_FORMAT:
+            parts.insert(0, self.format.value)
+        if self.kv != _FORMAT_KV[self.format]:
             parts.append(f"kv{self.kv.value}")
         if self.kv_window:
             parts.append("kvwin")

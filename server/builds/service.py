@@ -13,6 +13,7 @@ from decodebench.contracts.api import BuildStateView
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.variants import build_key
 from decodebench.contracts.workers import BuildOutcome
+from decodebench.toolchain import format_toolchain
 from server import leases, tenancy
 from server.builds.references import check_references
 from server.config import Settings
@@ -43,7 +44,9 @@ def get_or_create_build(
 ) -> Build:
     """Content addressing: an identical variant is built once and shared by every sweep (for a
     model with a tokenizer, by every sweep of the same prompts: ``references``). ``identity``
-    (default: ``model``) is what the key hashes: an uploaded model's content too."""
+    (default: ``model``) is what the key hashes: an uploaded model's content too. ``toolchain``
+    may name every format's packages: the build is keyed by its variant's format's part."""
+    toolchain = format_toolchain(toolchain, variant.format)
     key = build_key(identity or model, variant, toolchain, references)
     inserted_id = session.scalar(
         insert(Build)

@@ -289,7 +289,12 @@ def _rerun_same_builds(
     if repetitions is not None:
         update["repetitions"] = repetitions
     spec = SweepSpec.model_validate(bad_sweep.spec).model_copy(update=update)
-    toolchain = bad_sweep.variants[0].build.toolchain
+    # Each build's own toolchain (a Core ML and a Core AI build name different packages).
+    toolchain = {
+        package: version
+        for variant in bad_sweep.variants
+        for package, version in variant.build.toolchain.items()
+    }
     rerun = submit_sweep(
         session,
         spec,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from statistics import fmean
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from decodebench.contracts.api import AnalysisSummary, ComparisonRow
+from decodebench.contracts.names import DEFAULT_FORMAT, FormatName
 from decodebench.stats import summarize
 from server.builds.views import analysis_summary
 from server.models import BuildState, PromptResultRow, Run, RunState, Sweep
@@ -83,6 +85,17 @@ def comparison(
                     tile_mib=analysis.tile_output_mib if analysis else None,
                     bytes_per_token=analysis.bytes_per_token.total if analysis else None,
                     simulated=(True in simulated[cell]) if cell in simulated else None,
+                    format=FormatName(sweep_variant.variant.get("format", DEFAULT_FORMAT)),
+                    **_load_times(cell_runs),
                 )
             )
     return table
+
+
+def _load_times(runs: list[Run]) -> dict[str, float | None]:
+    """The mean cold and warm loads of the succeeded runs (from each run's summary)."""
+    summaries = [run.summary for run in runs if run.state == RunState.succeeded and run.summary]
+    return {
+        field: fmean(summary[field] for summary in summaries) if summaries else None
+        for field in ("load_time_cold_ms", "load_time_warm_ms")
+    }

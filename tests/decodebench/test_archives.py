@@ -1,4 +1,4 @@
-"""The one rule for a zipped Core ML package (decodebench.archives), as the server, the build
+"""The one rule for a zipped model package (decodebench.archives), as the server, the build
 worker and the agent apply it: every hostile archive refused with a reason naming the entry."""
 
 from __future__ import annotations
@@ -86,3 +86,32 @@ def test_a_package_at_the_top_or_in_its_folder_unpacks_to_its_folder(tmp_path: P
     assert unpack_package(flat, tmp_path / "b", "flat.zip") == tmp_path / "b"
     assert package_from_zip(flat, tmp_path / "c") == tmp_path / "c.mlpackage"
     assert (tmp_path / "c.mlpackage" / "Data" / "w.bin").is_file()
+
+
+AIMODEL = {"model.aimodel/main.mlirb": b"ML\xefR", "model.aimodel/metadata.json": b"{}"}
+
+
+def test_the_agent_takes_a_core_ai_asset_folder_and_an_upload_does_not(tmp_path: Path) -> None:
+    path = _zip(tmp_path / "a.zip", {**AIMODEL, "build.json": b"{}"})
+
+    package = unpack_mlpackage(path, tmp_path / "installed")
+
+    assert package == tmp_path / "installed" / "model.aimodel"
+    assert (package / "main.mlirb").read_bytes() == b"ML\xefR"
+    with pytest.raises(ModelFileError, match=r"contains no Manifest\.json: expected a zipped "):
+        check_package_zip(path, "a.zip", 10_000)
+
+
+@pytest.mark.parametrize(
+    ("entries", "reason"),
+    [
+        ({"main.mlirb": b"x"}, r"contains no Manifest\.json \(main\.mlirb is not where"),
+        ({"a/model.aimodel/main.mlirb": b"x"}, r"contains no Manifest\.json \(a/model"),
+        ({**AIMODEL, **GOOD}, "holds more than one package"),
+    ],
+)
+def test_a_core_ai_asset_is_found_only_as_its_own_folder(
+    tmp_path: Path, entries: dict[str, bytes], reason: str
+) -> None:
+    with pytest.raises(ArtifactError, match=f"artifact a.zip: {reason}.*<name>.aimodel/main"):
+        unpack_mlpackage(_zip(tmp_path / "a.zip", entries), tmp_path / "installed")

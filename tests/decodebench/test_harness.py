@@ -11,7 +11,9 @@ from decodebench.harness import (
     HarnessJob,
     HarnessPrompt,
     RunInterrupted,
+    artifact_name,
     model_dir,
+    package_engine,
     package_path,
     run_prompt,
     run_prompts,
@@ -145,6 +147,21 @@ def job(**fields: object) -> HarnessJob:
     return HarnessJob.model_validate({**values, **fields})
 
 
+def test_the_harness_knows_a_core_ml_and_a_core_ai_engine_and_where_each_package_goes() -> None:
+    coreai = job(engine="coreai", variant={"format": "coreai", "context": 64})
+
+    assert (job().engine, coreai.engine) == ("coreml", "coreai")
+    assert package_path("ab" * 32) == f"models/{'ab' * 32}/model.mlpackage"
+    assert package_path("ab" * 32, "coreai") == f"models/{'ab' * 32}/model.aimodel"
+    assert [package_engine(name) for name in ("model.aimodel", "x.mlpackage", "abc")] == [
+        "coreai",
+        "coreml",
+        "coreml",
+    ]
+    with pytest.raises(ValueError, match="engine 'onnx': the harness decodes with coreml, coreai"):
+        artifact_name("onnx")
+
+
 def test_a_job_that_fits_its_context_exactly_is_accepted() -> None:
     assert job(warmup_steps=64).warmup_steps == 64  # 57 + 8 - 1 = 64 positions
 
@@ -158,7 +175,14 @@ def test_a_job_that_fits_its_context_exactly_is_accepted() -> None:
             r"prompt 0: 57 prompt tokens \+ 9 decode tokens need 65 KV positions",
         ),
         ({"protocol_version": 2}, "job.json speaks harness protocol 2, the harness speaks 1"),
-        ({"engine": "coreai"}, "job.json asks for engine coreai; the harness decodes with coreml"),
+        (
+            {"engine": "tflite"},
+            "job.json asks for engine tflite; the harness decodes with coreml or coreai",
+        ),
+        (
+            {"engine": "coreai", "variant": {"context": 64}},
+            "job.json asks for engine coreai for a coreml variant",
+        ),
         ({"thermal_wait_s": 601}, "thermal_wait_s"),
         ({"warmup_steps": -1}, "warmup_steps"),
     ],

@@ -9,6 +9,7 @@ from decodebench.contracts.variants import build_key
 from decodebench.toolchain import (
     ToolchainMismatch,
     check_toolchain,
+    format_toolchain,
     installed_toolchain,
     toolchain_identity,
 )
@@ -22,13 +23,28 @@ def test_local_version_labels_do_not_change_the_identity() -> None:
     }
 
 
-def test_the_server_and_this_host_key_a_build_alike() -> None:
-    server_toolchain = Settings().toolchain
-    installed = installed_toolchain()
+@pytest.mark.parametrize("format_name", ["coreml", "coreai"])
+def test_the_server_and_this_host_key_a_build_alike(format_name: str) -> None:
+    server_toolchain = format_toolchain(Settings().toolchain, format_name)
+    installed = installed_toolchain(format_name)
     check_toolchain(server_toolchain, installed)
-    variant = VariantSpec()
+    assert set(server_toolchain) == set(installed)
+    variant = VariantSpec(format=format_name, context=64)
     assert build_key("tiny-gqa", variant, server_toolchain) == build_key(
         "tiny-gqa", variant, installed
+    )
+
+
+def test_a_core_ml_build_keeps_its_key_beside_core_ais_packages() -> None:
+    everything = Settings().toolchain
+    coreml = format_toolchain(everything, "coreml")
+
+    assert set(coreml) == {"decodebench", "torch", "coremltools", "code"}
+    assert set(format_toolchain(everything, "coreai")) == {
+        "decodebench", "torch", "coreai-core", "coreai-torch", "code"
+    }  # fmt: skip
+    assert build_key("tiny-gqa", VariantSpec(), coreml) != build_key(
+        "tiny-gqa", VariantSpec(format="coreai"), format_toolchain(everything, "coreai")
     )
 
 

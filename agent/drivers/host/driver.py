@@ -1,5 +1,8 @@
 """The host as a device: the built package's own program on this CPU, timed for real.
 
+Core ML packages only (``engines``): a Core AI run is refused before its artifact is fetched,
+naming its format, and a Core AI artifact is refused at install.
+
 Not an iPhone and not Core ML: the artifact's ``.mlpackage`` is unpacked and decoded by
 :class:`agent.drivers.host.decode.HostEngine`, its weights at their stored precision (int8 and
 int4 on PyTorch's weight-packed CPU kernels, palettes decompressed block by block, fp16 as
@@ -40,7 +43,8 @@ from agent.drivers.host.memory import (
     reset_peak_rss,
     stream_bandwidth,
 )
-from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver
+from decodebench.archives import AIMODEL_SUFFIX
+from decodebench.contracts.names import REPORT_NAME, DeviceStatus, Driver, FormatName
 from decodebench.contracts.protocol import DeviceInfo
 from decodebench.contracts.results import PromptResult, RunResult, ThermalState
 from decodebench.harness import MonotonicClock, run_prompt, warm_up
@@ -94,6 +98,8 @@ class _Run:
 
 class HostDriver:
     name = DRIVER_NAME
+    # The formats it decodes: its engine reads Core ML programs (the runner refuses the others).
+    engines = (FormatName.coreml.value,)
 
     def __init__(
         self, work_dir: Path, device_class: str, udid: str, threads: int | None = None
@@ -133,6 +139,11 @@ class HostDriver:
             names = archive.namelist()
             report = json.loads(archive.read(BUILD_REPORT)) if BUILD_REPORT in names else None
             members = [name for name in names if name.split("/", 1)[0].endswith(".mlpackage")]
+            if any(name.split("/", 1)[0].endswith(AIMODEL_SUFFIX) for name in names):
+                raise DriverError(
+                    f"artifact {artifact_path.name} is a Core AI asset (.aimodel, format "
+                    "coreai); the host driver decodes Core ML packages (format coreml) only"
+                )
             if not members:
                 raise DriverError(f"artifact {artifact_path.name} holds no .mlpackage")
             package_bytes = sum(archive.getinfo(name).file_size for name in members)

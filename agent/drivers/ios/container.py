@@ -19,12 +19,13 @@ from decodebench.harness import (
     HARNESS_LOG,
     JOB_FILE,
     MODELS_DIR,
-    PACKAGE_NAME,
     PARTIAL_SUFFIX,
     RESULTS_FILE,
     DoneMarker,
     HarnessJob,
+    artifact_name,
     model_dir,
+    package_engine,
     results_digest,
 )
 
@@ -52,7 +53,8 @@ async def push_package(
         for name in await afc.listdir(models):
             if name not in keep:
                 await afc.rm(f"{models}/{name}", force=True)
-    target = f"{remote}/{PACKAGE_NAME}"
+    # The name the job's package_path gives it: model.mlpackage, or model.aimodel for Core AI.
+    target = f"{remote}/{artifact_name(package_engine(package.name))}"
     await afc.makedirs(target)
     for path in sorted(package.rglob("*")):
         destination = f"{target}/{path.relative_to(package).as_posix()}"

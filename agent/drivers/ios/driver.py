@@ -230,7 +230,8 @@ class Pymobiledevice3Driver:
 
     def push(self, device: DeviceInfo, job: HarnessJob) -> None:
         record = self._record(device)
-        pushed = job.model_copy(update={"package_path": package_path(job.artifact_sha256)})
+        where = package_path(job.artifact_sha256, job.engine)  # model.mlpackage or model.aimodel
+        pushed = job.model_copy(update={"package_path": where})
 
         async def push_job(lockdown: LockdownClient) -> None:
             async with self._documents(lockdown) as afc:

@@ -11,7 +11,7 @@ import pytest
 
 from agent.drivers.base import Cancellation, DriverError, RunCancelled, run_on_device
 from agent.drivers.host.driver import HostDriver, HostRoofline
-from agent.runner import build_job, check_result
+from agent.runner import JobError, build_job, check_engine, check_result, failure_reason
 from decodebench.contracts.domain import VariantSpec
 from decodebench.contracts.protocol import RunAssignment, RunResult
 from decodebench.harness import HarnessJob
@@ -150,6 +150,36 @@ def test_an_artifact_without_a_package_is_refused(tmp_path: Path) -> None:
         archive.writestr("build.json", "{}")
     driver = HostDriver(tmp_path, device_class="iphone-17-pro", udid="host-test")
     with pytest.raises(DriverError, match="holds no .mlpackage"):
+        driver.install(driver.discover()[0], path)
+
+
+def test_a_core_ai_run_is_refused_by_name_before_its_artifact_is_fetched(tmp_path: Path) -> None:
+    driver = HostDriver(tmp_path, device_class="iphone-17-pro", udid="host-test")
+    device = driver.discover()[0]
+    variant = VariantSpec(format="coreai", context=CONTEXT)
+    coreai = assignment("folded", tmp_path / f"{'ab' * 32}.zip").model_copy(
+        update={"variant": variant, "variant_label": variant.label}
+    )
+    job = build_job(coreai, device)
+
+    with pytest.raises(JobError) as refused:
+        check_engine(driver, job)
+    reason, retryable = failure_reason(refused.value, "preparing the job")
+    assert reason == (
+        "cannot run this assignment: the host driver decodes coreml packages only; this run's "
+        f"variant {variant.label} is in format coreai"
+    )
+    assert retryable is False
+    check_engine(driver, build_job(assignment("folded", tmp_path / "x.zip"), device))
+
+
+def test_a_core_ai_artifact_is_refused_at_install(tmp_path: Path) -> None:
+    path = tmp_path / "asset.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("build.json", "{}")
+        archive.writestr("model.aimodel/main.mlirb", b"ML")
+    driver = HostDriver(tmp_path, device_class="iphone-17-pro", udid="host-test")
+    with pytest.raises(DriverError, match=r"is a Core AI asset \(.aimodel, format coreai\); the"):
         driver.install(driver.discover()[0], path)
 
 
