@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     # A Core AI build is keyed by torch and these (decodebench.toolchain.FORMAT_TOOLCHAINS).
     toolchain_coreai_core: str = "1.0.0b3"
     toolchain_coreai_torch: str = "0.4.3"
+    toolchain_coreai_opt: str = "0.4.0"
     # Database connections per server process; a request waits at most the pool timeout for
     # one, then gets 503 with Retry-After (docs: README "Under load and faults").
     db_pool_size: int = Field(default=8, ge=1, le=100)
@@ -107,6 +108,7 @@ class Settings(BaseSettings):
             "torch": self.toolchain_torch,
             "coreai-core": self.toolchain_coreai_core,
             "coreai-torch": self.toolchain_coreai_torch,
+            "coreai-opt": self.toolchain_coreai_opt,
             CODE_KEY: installed_code(),
         }
 

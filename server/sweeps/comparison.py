@@ -86,16 +86,18 @@ def comparison(
                     bytes_per_token=analysis.bytes_per_token.total if analysis else None,
                     simulated=(True in simulated[cell]) if cell in simulated else None,
                     format=FormatName(sweep_variant.variant.get("format", DEFAULT_FORMAT)),
-                    **_load_times(cell_runs),
+                    load_time_cold_ms=_mean_of(cell_runs, "load_time_cold_ms"),
+                    load_time_warm_ms=_mean_of(cell_runs, "load_time_warm_ms"),
                 )
             )
     return table
 
 
-def _load_times(runs: list[Run]) -> dict[str, float | None]:
-    """The mean cold and warm loads of the succeeded runs (from each run's summary)."""
-    summaries = [run.summary for run in runs if run.state == RunState.succeeded and run.summary]
-    return {
-        field: fmean(summary[field] for summary in summaries) if summaries else None
-        for field in ("load_time_cold_ms", "load_time_warm_ms")
-    }
+def _mean_of(runs: list[Run], field: str) -> float | None:
+    """The mean of one summary field (a load time) over the succeeded runs that have it."""
+    values = [
+        run.summary[field]
+        for run in runs
+        if run.state == RunState.succeeded and run.summary and run.summary.get(field) is not None
+    ]
+    return fmean(values) if values else None
