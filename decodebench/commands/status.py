@@ -58,6 +58,8 @@ def _versus_baseline(row: ComparisonRow, baseline: str) -> str:
     if row.verdict is None:
         return "—"
     decode = row.verdict.decode_tok_s
+    if row.decode_tok_s_ci95 is None:  # one sample: a ratio, no interval and no verdict
+        return f"{decode.ratio:.3f}x (n = {row.prompts_measured}, no verdict)"
     changed = "" if row.verdict.agreement is None or row.verdict.agreement.identical else " ≠tokens"
     return f"{decode.interval_text()} {decode.label}{changed}"
 
@@ -75,6 +77,15 @@ def _loads(row: ComparisonRow) -> str:
     return f"{cold} / {row.load_time_warm_ms:.0f}"
 
 
+def _rate(row: ComparisonRow) -> str:
+    """The mean ± its 95% half-width, or ``n = 1`` where one sample gives no interval."""
+    if row.decode_tok_s_mean is None:
+        return "—"
+    if row.decode_tok_s_ci95 is None:
+        return f"{row.decode_tok_s_mean:.1f} (n = {row.prompts_measured})"
+    return f"{row.decode_tok_s_mean:.1f} ± {row.decode_tok_s_ci95:.1f}"
+
+
 def format_comparison(sweep: SweepDetail) -> str:
     header = (
         f"{'device':16s} {'variant':28s} {'format':7s} {'decode tok/s':>18s} "
@@ -88,7 +99,7 @@ def format_comparison(sweep: SweepDetail) -> str:
     ]
     for row in sweep.results:
         mean = row.decode_tok_s_mean
-        rate = f"{mean:.1f} ± {row.decode_tok_s_ci95 or 0:.1f}" if mean is not None else "—"
+        rate = _rate(row)
         speedup = _versus_baseline(row, sweep.baseline)
         predicted = f"{row.predicted_tok_s:.1f}" if row.predicted_tok_s else "—"
         tiles = "—" if row.tile_ops is None else str(row.tile_ops)

@@ -72,7 +72,9 @@ def comparison(
                     runs_failed=sum(run.state == RunState.failed for run in cell_runs),
                     prompts_measured=len(samples),
                     decode_tok_s_mean=summary.mean if summary else None,
-                    decode_tok_s_ci95=summary.ci95_half_width if summary else None,
+                    decode_tok_s_ci95=(
+                        summary.ci95_half_width if summary and summary.n > 1 else None
+                    ),  # one sample has no interval
                     speedup_vs_first=(
                         summary.mean / baseline if summary is not None and baseline else None
                     ),

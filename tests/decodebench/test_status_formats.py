@@ -48,3 +48,19 @@ def test_the_status_table_shows_each_rows_format_and_loads() -> None:
     assert "412 / 35" in rows[0] and "specialization" not in rows[0]
     assert "coreai-folded-ctx64-fp16" in rows[1] and " Core AI " in rows[1]
     assert "903 (specialization) / 41" in rows[1]
+
+
+def test_a_row_of_one_sample_says_n_1_instead_of_a_zero_width_interval() -> None:
+    variant = VariantSpec(context=64)
+    one = _row(variant, 1.0, 1.0).model_copy(
+        update={"prompts_measured": 1, "decode_tok_s_ci95": None}
+    )
+    spec = SweepSpec(model="tiny-gqa", variants=[variant], devices=["iphone-17-pro"])
+    sweep = SweepDetail(
+        id=5, model="tiny-gqa", state="completed", submitted_by="ci",
+        created_at=datetime.now(UTC), finished_at=None, variants=[variant.label],
+        devices=["iphone-17-pro"], spec=spec, baseline=variant.label, min_effect=0.02,
+        verdicts=[], verdicts_note=None, builds=[], runs=[], simulated=True, results=[one],
+    )  # fmt: skip
+    table = format_comparison(sweep)
+    assert "40.0 (n = 1)" in table and "±" not in table.split("\n", 2)[2]
