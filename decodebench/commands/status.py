@@ -98,7 +98,6 @@ def format_comparison(sweep: SweepDetail) -> str:
         "-" * len(header),
     ]
     for row in sweep.results:
-        mean = row.decode_tok_s_mean
         rate = _rate(row)
         speedup = _versus_baseline(row, sweep.baseline)
         predicted = f"{row.predicted_tok_s:.1f}" if row.predicted_tok_s else "—"
