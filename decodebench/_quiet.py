@@ -2,7 +2,9 @@
 
 Importing coremltools on Linux logs "Failed to load _MLModelProxy ..." once per native proxy
 (the Core ML runtime is macOS-only), and "Torch version X has not been tested with coremltools"
-when torch is newer than its tested pin. Neither says anything about the user's command.
+when torch is newer than its tested pin; with coreai-opt installed, coremltools also imports
+torchao, which logs that its GPU kernels (and Triton) cannot load, and scikit-learn's version
+is "not supported". None of it says anything about the user's command.
 :func:`route_import_noise` demotes exactly these records to DEBUG (they show with
 ``decodebench -v`` or ``DECODEBENCH_LOG=debug``); every other record and warning is untouched.
 """
@@ -15,8 +17,13 @@ import re
 import warnings
 from typing import Any, TextIO
 
-NOISE = re.compile(r"Failed to load _ML\w*Proxy|has not been tested with coremltools")
-NOISY_LOGGERS = ("coremltools",)
+NOISE = re.compile(
+    r"Failed to load _ML\w*Proxy|has not been tested with coremltools"
+    r"|Failed to load \S*torchao\S*: Could not load this library|Detected no triton"
+    r"|scikit-learn version \S+ is not supported"
+    r"|is an Enum subclass and is now natively supported by torch.compile"
+)
+NOISY_LOGGERS = ("coremltools", "torchao", "torchao.kernel.intmm", "torch.utils._pytree")
 LOG_ENV = "DECODEBENCH_LOG"
 log = logging.getLogger(__name__)
 

@@ -142,6 +142,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     hit = find_build(out_dir, key, cache)
     if hit is not None:
         print(f"cache hit {key[:12]}: {out_dir / hit.package} ({_summary(hit)})")
+        _print_checks(hit)
         return 0
 
     from decodebench.building.build import BuildError, build_variant
@@ -158,11 +159,16 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"built {out_dir / report.package} in {report.wall_seconds:.1f}s "
         f"(key {report.key[:12]}): {_summary(report)}"
     )
+    _print_checks(report)
+    return 0
+
+
+def _print_checks(report: BuildReport) -> None:
+    """The build's check against its format's own runtime, and its known-fault warnings."""
     if report.reference_check:
         print(f"  {report.reference_check}")
     for warning in report.warnings:
         print(f"  warning: {warning}")
-    return 0
 
 
 def _dequantized(gguf: Path, root: Path) -> Path:

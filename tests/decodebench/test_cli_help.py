@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -66,8 +67,11 @@ def _import_noise() -> list[str]:
 
 
 def test_third_party_import_noise_goes_to_debug_logging(tmp_path: Path) -> None:
-    noise = _import_noise()
-    assert all("Failed to load _ML" in line or "has not been tested" in line for line in noise)
+    from decodebench._quiet import NOISE
+
+    # torch's own log lines carry a "W1207 05:37:28.488000 5631 file.py:630] " head.
+    noise = [re.sub(r"^[DIWE]\d{4} [\d:.]+ \d+ \S+\] ", "", line) for line in _import_noise()]
+    assert all(NOISE.search(line) for line in noise), noise
     missing = str(tmp_path / "nope.mlpackage")
 
     helped = run_cli("analyze", "--help")
@@ -83,13 +87,14 @@ def test_third_party_import_noise_goes_to_debug_logging(tmp_path: Path) -> None:
 
     for debug in (run_cli("-v", "analyze", missing), run_cli("analyze", missing, DECODEBENCH_LOG="debug")):  # fmt: skip
         assert debug.returncode == 2
-        prefix = "DEBUG coremltools: "
         shown = {
-            line.removeprefix(prefix)
+            line.split(": ", 1)[1]
             for line in debug.stderr.splitlines()
-            if line.startswith(prefix)
+            if line.startswith("DEBUG ") and ": " in line
         }
-        assert set(noise) <= shown, debug.stderr[-2000:]
+        # torch's own Enum notice is logged before the CLI configures logging: only demoted.
+        expected = {line for line in noise if "Enum subclass" not in line}
+        assert expected <= shown, debug.stderr[-2000:]
 
 
 @pytest.fixture

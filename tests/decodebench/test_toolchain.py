@@ -41,7 +41,7 @@ def test_a_core_ml_build_keeps_its_key_beside_core_ais_packages() -> None:
 
     assert set(coreml) == {"decodebench", "torch", "coremltools", "code"}
     assert set(format_toolchain(everything, "coreai")) == {
-        "decodebench", "torch", "coreai-core", "coreai-torch", "code"
+        "decodebench", "torch", "coreai-core", "coreai-torch", "coreai-opt", "code"
     }  # fmt: skip
     assert build_key("tiny-gqa", VariantSpec(), coreml) != build_key(
         "tiny-gqa", VariantSpec(format="coreai"), format_toolchain(everything, "coreai")
