@@ -26,6 +26,7 @@ def test_build_analyze_and_verify_a_core_ai_build_against_core_ml(tmp_path: Path
     assert report["reference_check"].startswith("held op by op to Apple's runtime at position 3")
     assert report["reference_check"] in built.stdout
     assert "hold_to_reference" in report["stage_seconds"]
+    assert report["warnings"] == []  # no known phone fault in the project's build
 
     analysed = run_cli("analyze", str(tmp_path / "ai" / "model.aimodel"), "--json")
     assert analysed.returncode == 0, analysed.stderr
