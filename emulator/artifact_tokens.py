@@ -39,12 +39,18 @@ class NonFiniteLogits(MilError):
     """The program produced NaN or infinity where a logit should be."""
 
 
-def greedy(logits: np.ndarray, position: int) -> int:
+def greedy(
+    logits: np.ndarray,
+    position: int,
+    error: type[Exception] = NonFiniteLogits,
+    producer: str = "model",
+) -> int:
+    """The greedy token, or ``error`` naming the first non-finite logit and its position."""
     finite = np.isfinite(logits)
     if not finite.all():
         index = int(np.argmin(finite))
-        raise NonFiniteLogits(
-            f"logit {index} at position {position} is {logits[index]}: the model produced a "
+        raise error(
+            f"logit {index} at position {position} is {logits[index]}: the {producer} produced a "
             "non-finite value"
         )
     return int(np.argmax(logits))

@@ -20,27 +20,14 @@ import hashlib
 import threading
 from pathlib import Path
 
-import numpy as np
-
 from decodebench.formats.coreai.program import CoreAIError, load_program
 from decodebench.formats.coreai.session import HostCacheSession
 from decodebench.timing import TokenSource
-from emulator.artifact_tokens import ArtifactSessions
+from emulator.artifact_tokens import ArtifactSessions, greedy
 
 
 class NonFiniteCoreAILogits(CoreAIError):
     """The asset's decode step returned NaN or infinity as a logit."""
-
-
-def greedy(logits: np.ndarray, position: int) -> int:
-    finite = np.isfinite(logits)
-    if not finite.all():
-        index = int(np.argmin(finite))
-        raise NonFiniteCoreAILogits(
-            f"logit {index} at position {position} is {logits[index]}: the asset produced a "
-            "non-finite value"
-        )
-    return int(np.argmax(logits))
 
 
 def check_program_hash(package: Path) -> None:
@@ -69,7 +56,7 @@ class CoreAITokens(TokenSource):
         self.session.reset()
 
     def step(self, token: int, position: int) -> int:
-        return greedy(self.session.step(token, position), position)
+        return greedy(self.session.step(token, position), position, NonFiniteCoreAILogits, "asset")
 
 
 COREAI_SESSIONS = ArtifactSessions(CoreAITokens)
